@@ -1,0 +1,75 @@
+//! What a backend must do: a few atomic verbs over `(key, token, ttl)`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use crate::error::Result;
+
+/// The answer of one backend operation: ready at once (the in-memory backend) or later.
+/// Being an enum keeps the synchronous path free of allocations.
+pub enum Op<T> {
+    Ready(Option<Result<T>>),
+    Pending(Pin<Box<dyn Future<Output = Result<T>>>>),
+}
+
+impl<T> Op<T> {
+    pub fn ready(value: Result<T>) -> Self {
+        Op::Ready(Some(value))
+    }
+    pub fn pending(fut: impl Future<Output = Result<T>> + 'static) -> Self {
+        Op::Pending(Box::pin(fut))
+    }
+}
+
+impl<T> Unpin for Op<T> {}
+
+impl<T> Future for Op<T> {
+    type Output = Result<T>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        match &mut *self {
+            Op::Ready(v) => Poll::Ready(v.take().expect("Op polled after completion")),
+            Op::Pending(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+/// A lock backend. Every method is one atomic step on the backend, and answers `true` only when
+/// it applied to *our* key (the key carries `token`). `false` means another holder, or no
+/// holder, had it. An `Err` is a failure of the backend, never contention.
+pub trait Backend {
+    /// A short name for messages and `BackendError.backend` ("memory", "redis", …).
+    fn name(&self) -> &str;
+    /// Sets `key = token` with a lease of `ttl` ms when the key is free or expired.
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool>;
+    /// Deletes `key` when it carries `token`.
+    fn release(&self, key: &str, token: &str) -> Op<bool>;
+    /// Gives `key` a new lease of `ttl` ms from now when it carries `token` and is live.
+    /// Never re-creates an expired key.
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool>;
+    /// Whether `key` carries `token` and a live lease.
+    fn is_held(&self, key: &str, token: &str) -> Op<bool>;
+    /// Whether [`Backend::acquire_fenced`] is implemented.
+    fn supports_fencing(&self) -> bool {
+        false
+    }
+    /// Acquires like [`Backend::acquire`] and takes the key's next fencing token: a positive
+    /// integer below 2^53, larger than any the key had before. `None` when the key is held.
+    fn acquire_fenced(&self, _key: &str, _token: &str, _ttl: u32) -> Op<Option<u64>> {
+        Op::ready(Err(crate::Error::validation(
+            "fencing",
+            format!("the {} backend has no fencing tokens (acquire_fenced)", self.name()),
+        )))
+    }
+    /// A place in the queue of callers waiting for `key`, woken when it is released, so a
+    /// waiter does not depend on its next poll. `None` when the backend cannot tell.
+    fn waiter(&self, _key: &str) -> Option<Box<dyn Waiter>> {
+        None
+    }
+}
+
+/// A queued waiter for one key (see [`Backend::waiter`]). Dropping it leaves the queue.
+pub trait Waiter {
+    /// Resolves when the key was released since the last call (or since the waiter was made).
+    fn released(&mut self) -> Pin<Box<dyn Future<Output = ()> + '_>>;
+}

@@ -1,0 +1,145 @@
+//! The lease clock: monotonic time plus any pause that only the wall clock saw.
+
+use std::cell::Cell;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// A monotonic clock in milliseconds. Implementations never step backwards.
+pub trait Clock {
+    fn now(&self) -> f64;
+}
+
+/// Raw readings for [`LeaseClock`]; replaced in tests.
+pub trait TimeSource {
+    /// Milliseconds of a clock that stops while the machine sleeps or the VM is paused.
+    fn monotonic(&self) -> f64;
+    /// Milliseconds of the wall clock, which keeps counting through such pauses.
+    fn wall(&self) -> f64;
+}
+
+/// The process's clocks.
+pub struct SystemSource;
+
+thread_local! {
+    static ORIGIN: Instant = Instant::now();
+}
+
+/// Milliseconds since an arbitrary origin, from the monotonic clock.
+pub fn monotonic_ms() -> f64 {
+    ORIGIN.with(|o| o.elapsed().as_secs_f64() * 1000.0)
+}
+
+impl TimeSource for SystemSource {
+    fn monotonic(&self) -> f64 {
+        monotonic_ms()
+    }
+    fn wall(&self) -> f64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .unwrap_or(0.0)
+    }
+}
+
+/// A gap between wall and monotonic time larger than this between two readings counts as a
+/// pause. Smaller gaps are clock slewing and resolution noise, far below the 1% lease margin.
+const PAUSE_THRESHOLD_MS: f64 = 100.0;
+
+/// Monotonic time plus the pauses the wall clock saw and the monotonic clock did not.
+///
+/// A suspended laptop or a paused VM stops the monotonic clock while the backend's clock keeps
+/// running; without this a lease would look alive long after the backend expired it. A wall
+/// clock that steps forward also reads as a pause, which ends leases early: the safe direction.
+/// A wall clock that steps back is ignored.
+pub struct LeaseClock<S = SystemSource> {
+    source: S,
+    last: Cell<(f64, f64)>,
+    paused: Cell<f64>,
+}
+
+impl LeaseClock<SystemSource> {
+    pub fn system() -> Self {
+        Self::new(SystemSource)
+    }
+}
+
+impl<S: TimeSource> LeaseClock<S> {
+    pub fn new(source: S) -> Self {
+        let last = (source.monotonic(), source.wall());
+        LeaseClock {
+            source,
+            last: Cell::new(last),
+            paused: Cell::new(0.0),
+        }
+    }
+}
+
+impl<S: TimeSource> Clock for LeaseClock<S> {
+    fn now(&self) -> f64 {
+        let (mono, wall) = (self.source.monotonic(), self.source.wall());
+        let (last_mono, last_wall) = self.last.get();
+        let unseen = (wall - last_wall) - (mono - last_mono);
+        if unseen > PAUSE_THRESHOLD_MS {
+            self.paused.set(self.paused.get() + unseen);
+        }
+        self.last.set((mono, wall));
+        mono + self.paused.get()
+    }
+}
+
+/// The monotonic clock alone. The in-memory backend uses it: a pause stops that backend too.
+pub struct MonotonicClock;
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> f64 {
+        monotonic_ms()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::rc::Rc;
+
+    #[derive(Clone, Default)]
+    struct Fake(Rc<Cell<(f64, f64)>>);
+    impl TimeSource for Fake {
+        fn monotonic(&self) -> f64 {
+            self.0.get().0
+        }
+        fn wall(&self) -> f64 {
+            self.0.get().1
+        }
+    }
+
+    #[test]
+    fn follows_monotonic_time() {
+        let src = Fake::default();
+        let clock = LeaseClock::new(src.clone());
+        src.0.set((500.0, 500.0));
+        assert_eq!(clock.now(), 500.0);
+    }
+
+    #[test]
+    fn adds_a_pause_only_the_wall_clock_saw() {
+        let src = Fake::default();
+        let clock = LeaseClock::new(src.clone());
+        src.0.set((10.0, 10.0));
+        assert_eq!(clock.now(), 10.0);
+        // Suspended for 60 s: the monotonic clock moved 5 ms, the wall clock 60 s.
+        src.0.set((15.0, 60_010.0));
+        assert_eq!(clock.now(), 60_010.0);
+        // Later readings keep the pause.
+        src.0.set((25.0, 60_020.0));
+        assert_eq!(clock.now(), 60_020.0);
+    }
+
+    #[test]
+    fn ignores_small_drift_and_backward_wall_steps() {
+        let src = Fake::default();
+        let clock = LeaseClock::new(src.clone());
+        src.0.set((1000.0, 1050.0));
+        assert_eq!(clock.now(), 1000.0);
+        src.0.set((2000.0, 0.0));
+        assert_eq!(clock.now(), 2000.0);
+    }
+}

@@ -1,0 +1,191 @@
+//! The one error type of the engine.
+
+use std::fmt;
+use std::rc::Rc;
+
+/// Why a lock was lost. `as_str` gives the stable name the JavaScript API uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostReason {
+    /// The backend answered that the key was not ours when we extended it.
+    Extend,
+    /// The lease ran out while extension requests kept failing.
+    ExtendFailed,
+    /// The lease ran out while an extension was still waiting for its answer.
+    LateExtend,
+    /// The lease ran out and nothing extended it.
+    Expired,
+    /// The `maxHold` deadline passed.
+    MaxHold,
+    /// A release found the key gone or another holder's.
+    Release,
+    /// `is_held` found the key gone or another holder's.
+    Observed,
+}
+
+impl LostReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LostReason::Extend => "extend",
+            LostReason::ExtendFailed => "extend-failed",
+            LostReason::LateExtend => "late-extend",
+            LostReason::Expired => "expired",
+            LostReason::MaxHold => "max-hold",
+            LostReason::Release => "release",
+            LostReason::Observed => "observed",
+        }
+    }
+}
+
+/// Why an acquisition yielded no lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldReason {
+    /// Another holder had the key.
+    Held,
+    /// The backend granted the key but answered after the lease could have ended.
+    Late,
+    /// `try_acquire`'s single attempt was granted too late; the key was given back.
+    LateAcquire,
+}
+
+impl HeldReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeldReason::Held => "held",
+            HeldReason::Late => "late",
+            HeldReason::LateAcquire => "late-acquire",
+        }
+    }
+}
+
+/// The broad class of a backend failure, so callers never match on message text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    Io,
+    Timeout,
+    Auth,
+    Tls,
+    Protocol,
+    Script,
+    Config,
+    Other,
+}
+
+impl BackendErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendErrorKind::Io => "io",
+            BackendErrorKind::Timeout => "timeout",
+            BackendErrorKind::Auth => "auth",
+            BackendErrorKind::Tls => "tls",
+            BackendErrorKind::Protocol => "protocol",
+            BackendErrorKind::Script => "script",
+            BackendErrorKind::Config => "config",
+            BackendErrorKind::Other => "other",
+        }
+    }
+}
+
+/// An error raised by the host (for example a JavaScript adapter's exception), carried through
+/// the engine untouched. The host keeps the original object under `id` and frees it on drop.
+pub struct ForeignError {
+    pub id: u64,
+    on_drop: Box<dyn Fn(u64)>,
+}
+
+impl ForeignError {
+    pub fn new(id: u64, on_drop: impl Fn(u64) + 'static) -> Rc<Self> {
+        Rc::new(ForeignError {
+            id,
+            on_drop: Box::new(on_drop),
+        })
+    }
+}
+
+impl Drop for ForeignError {
+    fn drop(&mut self) {
+        (self.on_drop)(self.id)
+    }
+}
+
+impl fmt::Debug for ForeignError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ForeignError({})", self.id)
+    }
+}
+
+/// Every failure the engine reports.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key could not be taken within the retry budget.
+    #[error("lock {key:?} is held elsewhere: gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms ({})", reason.as_str())]
+    Held {
+        key: String,
+        attempts: u32,
+        elapsed_ms: f64,
+        reason: HeldReason,
+    },
+    /// The lease was lost.
+    #[error("lock {key:?} was lost ({})", reason.as_str())]
+    Lost {
+        key: String,
+        reason: LostReason,
+        cause: Option<Box<Error>>,
+    },
+    /// An operation that the lock's state does not allow (extend after release).
+    #[error("{0}")]
+    State(String),
+    /// A wrong argument or a backend set up wrong. `field` names the culprit.
+    #[error("invalid {field}: {message}")]
+    Validation { field: String, message: String },
+    /// The backend failed: not contention.
+    #[error("{backend} backend error ({}): {message}", kind.as_str())]
+    Backend {
+        backend: String,
+        kind: BackendErrorKind,
+        message: String,
+        code: Option<String>,
+    },
+    /// An error raised by host code (a JavaScript adapter or delay function), passed through.
+    #[error("error raised by host code")]
+    Foreign(Rc<ForeignError>),
+    /// The caller's abort signal fired.
+    #[error("aborted")]
+    Aborted,
+    /// A bug: a panic caught at the boundary, or a broken invariant.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn validation(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Validation {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    pub fn backend(
+        backend: impl Into<String>,
+        kind: BackendErrorKind,
+        message: impl Into<String>,
+    ) -> Self {
+        Error::Backend {
+            backend: backend.into(),
+            kind,
+            message: message.into(),
+            code: None,
+        }
+    }
+
+    pub fn is_contention(&self) -> bool {
+        matches!(self, Error::Held { .. })
+    }
+
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Error::Lost { .. })
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,410 @@
+//! A held lease and its state machine: held → lost | released, reported once.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use crate::error::{Error, LostReason, Result};
+use crate::events::Event;
+use crate::locker::Shared;
+use crate::options::validate_ttl;
+use crate::runtime::{first, First};
+use crate::scheduler::Due;
+use crate::timer::sleep_until;
+
+/// The local lease ends this share of the TTL early: room for a holder clock that runs slower
+/// than the backend's (the margin Redlock uses).
+pub const CLOCK_DRIFT_FACTOR: f64 = 0.01;
+
+/// Where a lease ends on the holder's clock, for a request that left at `sent_at`.
+pub fn lease_end(sent_at: f64, ttl: u32) -> f64 {
+    sent_at + ttl as f64 * (1.0 - CLOCK_DRIFT_FACTOR)
+}
+
+/// The state of a lock, as `lock.state` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockState {
+    Held,
+    Lost,
+    Released,
+}
+
+impl LockState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockState::Held => "held",
+            LockState::Lost => "lost",
+            LockState::Released => "released",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heartbeat {
+    pub interval: f64,
+    pub max_lag: f64,
+}
+
+pub(crate) struct LockInner {
+    pub id: u64,
+    pub shared: Rc<Shared>,
+    pub key: String,
+    pub token: String,
+    pub fence: Option<u64>,
+    /// When the request for the first lease left.
+    pub acquired_at: f64,
+    /// The hold deadline (`maxHold`), with auto-extension.
+    pub deadline: Option<f64>,
+    pub heartbeat: Option<Heartbeat>,
+    /// The latest lease length asked for.
+    pub ttl: Cell<u32>,
+    pub lease_end: Cell<f64>,
+    /// The current lease was shortened to fit the deadline.
+    pub clamped: Cell<bool>,
+    pub state: Cell<LockState>,
+    pub lost_reason: Cell<Option<LostReason>>,
+    pub lost_cause: RefCell<Option<Error>>,
+    pub ended_at: Cell<Option<f64>>,
+    /// `lost` or `released` was reported; a lock reports its ending once.
+    pub ending_reported: Cell<bool>,
+    pub releasing: Cell<bool>,
+    pub extending: Cell<u32>,
+    pub last_extend_error: RefCell<Option<Error>>,
+    pub heartbeat_stopped: Cell<bool>,
+    /// Somebody listens for the loss: expiry is checked on a timer, not only when read.
+    pub watched: Cell<bool>,
+}
+
+/// A held lock. Cheap to clone: clones share one state.
+#[derive(Clone)]
+pub struct Lock(pub(crate) Rc<LockInner>);
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("id", &self.0.id)
+            .field("key", &self.0.key)
+            .field("state", &self.0.state.get())
+            .finish()
+    }
+}
+
+impl Lock {
+    /// A process-unique id.
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+    /// The key, prefix included.
+    pub fn key(&self) -> &str {
+        &self.0.key
+    }
+    pub fn token(&self) -> &str {
+        &self.0.token
+    }
+    /// The fencing token of this grant, when the Locker takes them.
+    pub fn fence(&self) -> Option<u64> {
+        self.0.fence
+    }
+    /// The latest lease length asked for, in ms.
+    pub fn ttl(&self) -> u32 {
+        self.0.ttl.get()
+    }
+    /// The state now: reading it checks the lease clock.
+    pub fn state(&self) -> LockState {
+        self.0.refresh();
+        self.0.state.get()
+    }
+    /// Why the lock was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.0.refresh();
+        self.0.lost_reason.get()
+    }
+    /// What caused the loss (the last extension error for `extend-failed`).
+    pub fn lost_cause(&self) -> Option<Error> {
+        self.0.lost_cause.borrow().clone()
+    }
+    /// How long the lock has been held; stops counting at loss or release.
+    pub fn held_ms(&self) -> f64 {
+        self.0.refresh();
+        let end = self.0.ended_at.get().unwrap_or_else(|| self.0.now());
+        (end - self.0.acquired_at).max(0.0)
+    }
+    /// When the local lease ends, on the Locker's clock.
+    pub fn lease_end(&self) -> f64 {
+        self.0.lease_end.get()
+    }
+
+    /// Checks the lease on a timer from now on, so a loss is reported when it happens.
+    pub fn watch(&self) {
+        let inner = &self.0;
+        if !inner.watched.replace(true) && inner.state.get() == LockState::Held {
+            inner.schedule(inner.lease_end.get(), Due::Expiry);
+        }
+    }
+
+    /// Deletes our key. `true` when it did, `false` when the key was gone or another holder's
+    /// (the lock is then reported lost). A backend error leaves the state as it was, so a later
+    /// call can try again; with `final_attempt` the heartbeat stops all the same, because nobody
+    /// will release the lock again.
+    pub async fn release(&self, final_attempt: bool) -> Result<bool> {
+        let inner = &self.0;
+        if inner.state.get() == LockState::Released || inner.releasing.get() {
+            return Ok(false);
+        }
+        inner.refresh();
+        let was_held = inner.state.get() == LockState::Held;
+        inner.releasing.set(true);
+        let op = inner.shared.backend.release(&inner.key, &inner.token);
+        let answer = if was_held {
+            // Past the lease end the answer no longer matters: the key is free either way.
+            match first(op, inner.lease_over()).await {
+                First::Left(r) => r,
+                First::Right(()) => Ok(false),
+            }
+        } else {
+            op.await
+        };
+        inner.releasing.set(false);
+        match answer {
+            Ok(deleted) => {
+                inner.refresh();
+                let now = inner.now();
+                if inner.state.get() == LockState::Held {
+                    if deleted {
+                        inner.ended_at.set(Some(now));
+                        inner.report_end(|held_ms, key, ttl| Event::Released { key, ttl, held_ms });
+                    } else {
+                        inner.lose(LostReason::Release, None, now);
+                    }
+                }
+                if inner.ended_at.get().is_none() {
+                    inner.ended_at.set(Some(now));
+                }
+                inner.state.set(LockState::Released);
+                inner.heartbeat_stopped.set(true);
+                Ok(deleted)
+            }
+            Err(e) => {
+                if final_attempt {
+                    inner.heartbeat_stopped.set(true);
+                }
+                inner.emit(|held_ms, key, ttl| Event::ReleaseFailed {
+                    key,
+                    ttl,
+                    held_ms,
+                    error: &e,
+                });
+                Err(e)
+            }
+        }
+    }
+
+    /// A new lease of `ttl` ms from now, clamped to the hold deadline.
+    pub async fn extend(&self, ttl: u32) -> Result<()> {
+        validate_ttl("ttl", ttl as f64)?;
+        let inner = &self.0;
+        if inner.state.get() == LockState::Released || inner.releasing.get() {
+            return Err(Error::State(format!(
+                "lock {:?} is released or being released; it cannot be extended",
+                inner.key
+            )));
+        }
+        inner.refresh();
+        if inner.state.get() == LockState::Lost {
+            return Err(inner.lost_error());
+        }
+        inner.ttl.set(ttl);
+        extend_once(&self.0, false).await
+    }
+
+    /// One look at the backend. A `false` while held marks the lock lost (`observed`).
+    pub async fn is_held(&self) -> Result<bool> {
+        let inner = &self.0;
+        let held = inner.shared.backend.is_held(&inner.key, &inner.token).await?;
+        inner.refresh();
+        if !held && inner.state.get() == LockState::Held {
+            inner.lose(LostReason::Observed, None, inner.now());
+        }
+        Ok(held)
+    }
+
+    /// Stops the heartbeat for good (the caller gave up on releasing the lock).
+    pub fn stop_heartbeat(&self) {
+        self.0.heartbeat_stopped.set(true);
+    }
+}
+
+impl LockInner {
+    pub(crate) fn now(&self) -> f64 {
+        self.shared.rt.clock.now()
+    }
+
+    pub(crate) fn schedule(self: &Rc<Self>, at: f64, due: Due) {
+        self.shared.scheduler.push(&self.shared.rt, at, due, self);
+    }
+
+    /// Resolves when the clock passes the current lease end (re-reading it, since an extension
+    /// can move it).
+    async fn lease_over(&self) {
+        loop {
+            let end = self.lease_end.get();
+            sleep_until(&*self.shared.rt.clock, &*self.shared.rt.timer, end).await;
+            if self.lease_end.get() <= end {
+                return;
+            }
+        }
+    }
+
+    /// Marks the lock lost when its lease ran out on the clock.
+    pub(crate) fn refresh(&self) {
+        if self.state.get() != LockState::Held {
+            return;
+        }
+        let end = self.lease_end.get();
+        if self.now() < end {
+            return;
+        }
+        let failed = self.last_extend_error.borrow().clone();
+        let (reason, cause) = if self.clamped.get() {
+            (LostReason::MaxHold, None)
+        } else if self.extending.get() > 0 {
+            (LostReason::LateExtend, None)
+        } else if failed.is_some() {
+            (LostReason::ExtendFailed, failed)
+        } else {
+            (LostReason::Expired, None)
+        };
+        self.lose(reason, cause, end);
+    }
+
+    pub(crate) fn lose(&self, reason: LostReason, cause: Option<Error>, at: f64) {
+        if self.state.get() != LockState::Held {
+            return;
+        }
+        self.state.set(LockState::Lost);
+        self.lost_reason.set(Some(reason));
+        *self.lost_cause.borrow_mut() = cause.clone();
+        self.ended_at.set(Some(at));
+        self.heartbeat_stopped.set(true);
+        self.report_end(|held_ms, key, ttl| Event::Lost {
+            key,
+            ttl,
+            held_ms,
+            reason,
+            error: cause.as_ref(),
+        });
+        if let Some(l) = &self.shared.options.loss {
+            l.lost(self.id, reason, cause.as_ref());
+        }
+    }
+
+    pub(crate) fn lost_error(&self) -> Error {
+        Error::Lost {
+            key: self.key.clone(),
+            reason: self.lost_reason.get().unwrap_or(LostReason::Expired),
+            cause: self.lost_cause.borrow().clone().map(Box::new),
+        }
+    }
+
+    fn held_ms(&self) -> f64 {
+        let end = self.ended_at.get().unwrap_or_else(|| self.now());
+        (end - self.acquired_at).max(0.0)
+    }
+
+    pub(crate) fn emit<'a>(&'a self, make: impl FnOnce(f64, &'a str, u32) -> Event<'a>) {
+        if let Some(sink) = &self.shared.options.events {
+            sink.emit(&make(self.held_ms(), &self.key, self.ttl.get()));
+        }
+    }
+
+    fn report_end<'a>(&'a self, make: impl FnOnce(f64, &'a str, u32) -> Event<'a>) {
+        if !self.ending_reported.replace(true) {
+            self.emit(make);
+        }
+    }
+}
+
+/// Runs what the scheduler says is due for `lock`.
+pub(crate) fn on_due(lock: &Rc<LockInner>, due: Due, at: f64) {
+    lock.refresh();
+    if due == Due::Expiry || lock.state.get() != LockState::Held || lock.heartbeat_stopped.get() {
+        return;
+    }
+    let Some(hb) = lock.heartbeat else { return };
+    let now = lock.now();
+    if now - at > hb.max_lag {
+        // The event loop stalled past the allowed lag: do not vouch for this process. The lease
+        // runs out unless a later tick finds the loop healthy again.
+        lock.schedule(now + hb.interval / 3.0, Due::Tick);
+        return;
+    }
+    let lock = lock.clone();
+    let spawner = lock.shared.rt.spawner.clone();
+    spawner.spawn(Box::pin(async move {
+        let _ = extend_once(&lock, true).await;
+    }));
+}
+
+/// Sends one extension of `lock.ttl` (clamped to the deadline) and applies its answer.
+async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> {
+    let sent_at = inner.now();
+    let mut ttl = inner.ttl.get();
+    if let Some(deadline) = inner.deadline {
+        let left = (deadline - sent_at).floor();
+        if left < 1.0 {
+            inner.lose(LostReason::MaxHold, None, sent_at.min(deadline));
+            return Err(inner.lost_error());
+        }
+        ttl = ttl.min(left as u32);
+    }
+    inner.extending.set(inner.extending.get() + 1);
+    let op = inner.shared.backend.extend(&inner.key, &inner.token, ttl);
+    let answer = match first(op, inner.lease_over()).await {
+        First::Left(r) => Some(r),
+        First::Right(()) => None,
+    };
+    // Read the clock while the request still counts as in flight: a late answer is late-extend.
+    inner.refresh();
+    inner.extending.set(inner.extending.get() - 1);
+    if inner.state.get() != LockState::Held {
+        return Err(inner.lost_error());
+    }
+    let now = inner.now();
+    match answer {
+        None => Err(inner.lost_error()),
+        Some(Ok(true)) => {
+            let end = crate::lock::lease_end(sent_at, ttl);
+            inner.lease_end.set(end);
+            inner.clamped.set(ttl < inner.ttl.get());
+            *inner.last_extend_error.borrow_mut() = None;
+            inner.emit(|held_ms, key, ttl| Event::Extended { key, ttl, held_ms });
+            if inner.watched.get() || inner.heartbeat.is_some() {
+                inner.schedule(end, Due::Expiry);
+            }
+            if let Some(hb) = inner.heartbeat {
+                if !inner.heartbeat_stopped.get() {
+                    inner.schedule(sent_at + hb.interval, Due::Tick);
+                }
+            }
+            Ok(())
+        }
+        Some(Ok(false)) => {
+            inner.lose(LostReason::Extend, None, now);
+            Err(inner.lost_error())
+        }
+        Some(Err(e)) => {
+            inner.emit(|held_ms, key, ttl| Event::ExtendFailed {
+                key,
+                ttl,
+                held_ms,
+                error: &e,
+            });
+            *inner.last_extend_error.borrow_mut() = Some(e.clone());
+            if from_heartbeat {
+                if let Some(hb) = inner.heartbeat {
+                    inner.schedule(now + hb.interval / 3.0, Due::Tick);
+                }
+            }
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,513 @@
+//! The Locker: acquisition with retries and the lease clock, over any backend.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use crate::backend::{Backend, Op, Waiter};
+use crate::error::{Error, HeldReason, LostReason, Result};
+use crate::events::Event;
+use crate::lock::{lease_end, Heartbeat, Lock, LockInner, LockState};
+use crate::options::{random_token, validate_key, AcquireOptions, LockerOptions};
+use crate::retry::{DelayInput, RetryPolicy};
+use crate::runtime::{aborted, first, Abort, First, Runtime};
+use crate::scheduler::{Due, Scheduler};
+use crate::timer::sleep_until;
+
+pub(crate) struct Shared {
+    pub backend: Rc<dyn Backend>,
+    pub rt: Runtime,
+    pub options: LockerOptions,
+    pub retry: RetryPolicy,
+    pub scheduler: Rc<Scheduler>,
+}
+
+thread_local! {
+    static NEXT_LOCK_ID: Cell<u64> = const { Cell::new(1) };
+}
+
+/// Takes and holds leases on one backend.
+///
+/// ```
+/// use std::rc::Rc;
+/// use futures_executor::LocalPool;
+/// use futures_util::task::LocalSpawnExt;
+/// use locco_core::{AcquireOptions, Locker, LockerOptions, MemoryBackend, Runtime, Spawn};
+///
+/// struct Spawner(futures_executor::LocalSpawner);
+/// impl Spawn for Spawner {
+///     fn spawn(&self, task: locco_core::LocalFuture<()>) {
+///         self.0.spawn_local(task).unwrap();
+///     }
+/// }
+///
+/// let mut pool = LocalPool::new();
+/// let rt = Runtime::system(Rc::new(Spawner(pool.spawner())));
+/// let locker = Locker::new(Rc::new(MemoryBackend::default()), rt, LockerOptions::default()).unwrap();
+/// pool.run_until(async {
+///     let lock = locker.acquire("order:1", AcquireOptions::new(10_000), None).await.unwrap();
+///     assert!(lock.release(true).await.unwrap());
+/// });
+/// ```
+///
+/// # Behavior
+/// - A lease starts when the request leaves and ends 1% of the TTL early on the Locker's clock;
+///   an answer that arrives after that is a failure, and a grant is given back.
+/// - Contention is [`Error::Held`]; a backend failure is never mistaken for it.
+/// - A lock is not re-entrant: a second acquire of a held key waits like anyone else.
+#[derive(Clone)]
+pub struct Locker {
+    shared: Rc<Shared>,
+}
+
+/// How one attempt ended.
+enum Attempt {
+    Won { sent_at: f64, fence: Option<u64> },
+    Missed(HeldReason),
+}
+
+impl Locker {
+    pub fn new(backend: Rc<dyn Backend>, rt: Runtime, options: LockerOptions) -> Result<Self> {
+        if options.fencing && !backend.supports_fencing() {
+            return Err(Error::validation(
+                "fencing",
+                format!(
+                    "the {} adapter has no acquireFenced method, so it cannot hand out fencing tokens",
+                    backend.name()
+                ),
+            ));
+        }
+        let retry = RetryPolicy::default().merged(&options.retry);
+        Ok(Locker {
+            shared: Rc::new(Shared {
+                backend,
+                rt,
+                options,
+                retry,
+                scheduler: Rc::default(),
+            }),
+        })
+    }
+
+    /// The Locker's retry policy (built-in defaults under the Locker's options).
+    pub fn retry(&self) -> &RetryPolicy {
+        &self.shared.retry
+    }
+
+    pub fn backend(&self) -> &Rc<dyn Backend> {
+        &self.shared.backend
+    }
+
+    /// The prefixed key, checked.
+    pub fn full_key(&self, key: &str) -> Result<String> {
+        let prefix = &self.shared.options.key_prefix;
+        let mut full = String::with_capacity(prefix.len() + key.len());
+        full.push_str(prefix);
+        full.push_str(key);
+        if key.is_empty() {
+            return Err(Error::validation("key", "must be a non-empty string"));
+        }
+        validate_key(&full)?;
+        Ok(full)
+    }
+
+    fn token(&self) -> Result<String> {
+        match &self.shared.options.token {
+            Some(make) => make(),
+            None => Ok(random_token()),
+        }
+    }
+
+    fn now(&self) -> f64 {
+        self.shared.rt.clock.now()
+    }
+
+    fn emit(&self, event: Event<'_>) {
+        if let Some(sink) = &self.shared.options.events {
+            sink.emit(&event);
+        }
+    }
+
+    /// Acquires `key`, retrying while another holder has it, within `options.retry`.
+    /// `abort` stops the retry loop; a grant in flight at that moment is given back.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        options: AcquireOptions,
+        abort: Option<Abort>,
+    ) -> Result<Lock> {
+        options.validate()?;
+        let key = self.full_key(key)?;
+        let token = self.token()?;
+        self.acquire_key(key, token, &options, abort.as_ref()).await
+    }
+
+    async fn acquire_key(
+        &self,
+        key: String,
+        token: String,
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+    ) -> Result<Lock> {
+        let start = self.now();
+        let policy = &options.retry;
+        let budget_end = policy.timeout.map(|t| start + t);
+        let ttl = first_ttl(options);
+        let mut waiter: Option<Box<dyn Waiter>> = None;
+        let mut previous_delay = 0.0;
+        let mut attempt = 0u32;
+        loop {
+            if abort.is_some_and(Abort::is_aborted) {
+                return Err(Error::Aborted);
+            }
+            attempt += 1;
+            let reason = match self.attempt(&key, &token, ttl, budget_end, abort).await? {
+                Attempt::Won { sent_at, fence } => {
+                    let lock = self.make_lock(key, token, fence, sent_at, options);
+                    self.emit(Event::Acquired {
+                        key: lock.key(),
+                        ttl: options.ttl,
+                        waited_ms: self.now() - start,
+                        attempts: attempt,
+                    });
+                    return Ok(lock);
+                }
+                Attempt::Missed(reason) => reason,
+            };
+            let elapsed_ms = self.now() - start;
+            self.emit(Event::Contended {
+                key: &key,
+                ttl: options.ttl,
+                attempt,
+                elapsed_ms,
+                reason,
+            });
+            let held = |now: f64| Error::Held {
+                key: key.clone(),
+                attempts: attempt,
+                elapsed_ms: now - start,
+                reason,
+            };
+            let out_of_time = |now: f64| budget_end.is_some_and(|end| now >= end);
+            if policy.retries.is_some_and(|r| attempt > r) || out_of_time(self.now()) {
+                return Err(held(self.now()));
+            }
+            let input = DelayInput {
+                attempt,
+                elapsed_ms,
+                previous_delay,
+            };
+            let delay = match self.bounded(policy.delay.next(input), budget_end, abort).await {
+                Bounded::Done(d) => d?,
+                Bounded::Aborted => return Err(Error::Aborted),
+                Bounded::OutOfTime => return Err(held(self.now())),
+            };
+            previous_delay = delay;
+            let wake_at = budget_end.map_or(self.now() + delay, |e| e.min(self.now() + delay));
+            let waiter = waiter.get_or_insert_with(|| {
+                self.shared
+                    .backend
+                    .waiter(&key)
+                    .unwrap_or_else(|| Box::new(NeverReleased))
+            });
+            let clock = &*self.shared.rt.clock;
+            let sleep = sleep_until(clock, &*self.shared.rt.timer, wake_at);
+            let wait = first(sleep, waiter.released());
+            if let First::Right(_) = first(wait, aborted(abort)).await {
+                return Err(Error::Aborted);
+            }
+            if out_of_time(self.now()) {
+                return Err(held(self.now()));
+            }
+        }
+    }
+
+    /// One attempt, bounded by the lease (a later answer is useless) and the budget.
+    async fn attempt(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        budget_end: Option<f64>,
+        abort: Option<&Abort>,
+    ) -> Result<Attempt> {
+        let sent_at = self.now();
+        let end = lease_end(sent_at, ttl);
+        let limit = budget_end.map_or(end, |b| b.min(end));
+        let mut op = self.grant_op(key, token, ttl);
+        let clock = &*self.shared.rt.clock;
+        let deadline = sleep_until(clock, &*self.shared.rt.timer, limit);
+        let answer = match first(&mut op, first(deadline, aborted(abort))).await {
+            First::Left(answer) => answer?,
+            First::Right(why) => {
+                self.give_back_later(op, key, token);
+                return match why {
+                    First::Left(()) => Ok(Attempt::Missed(HeldReason::Late)),
+                    First::Right(()) => Err(Error::Aborted),
+                };
+            }
+        };
+        let Some(fence) = answer else {
+            return Ok(Attempt::Missed(HeldReason::Held));
+        };
+        if self.now() >= end {
+            self.give_back_now(key, token);
+            return Ok(Attempt::Missed(HeldReason::Late));
+        }
+        if abort.is_some_and(Abort::is_aborted) {
+            self.give_back_now(key, token);
+            return Err(Error::Aborted);
+        }
+        Ok(Attempt::Won { sent_at, fence })
+    }
+
+    /// The grant request: `Some(fence)` when granted (`fence` is `None` without fencing).
+    fn grant_op(&self, key: &str, token: &str, ttl: u32) -> GrantOp {
+        let backend = &self.shared.backend;
+        if self.shared.options.fencing {
+            GrantOp::Fenced(backend.acquire_fenced(key, token, ttl))
+        } else {
+            GrantOp::Plain(backend.acquire(key, token, ttl))
+        }
+    }
+
+    /// Releases a grant that came too late, without making anyone wait for it.
+    fn give_back_now(&self, key: &str, token: &str) {
+        let op = self.shared.backend.release(key, token);
+        self.shared.rt.spawner.spawn(Box::pin(async move {
+            let _ = op.await;
+        }));
+    }
+
+    /// Waits in the background for an attempt nobody waits for any more, and gives its grant back.
+    fn give_back_later(&self, op: GrantOp, key: &str, token: &str) {
+        let backend = self.shared.backend.clone();
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.shared.rt.spawner.spawn(Box::pin(async move {
+            if let Ok(Some(_)) = op.await {
+                let _ = backend.release(&key, &token).await;
+            }
+        }));
+    }
+
+    async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = T>,
+        budget_end: Option<f64>,
+        abort: Option<&Abort>,
+    ) -> Bounded<T> {
+        let clock = &*self.shared.rt.clock;
+        let out_of_time = async {
+            match budget_end {
+                Some(end) => sleep_until(clock, &*self.shared.rt.timer, end).await,
+                None => std::future::pending().await,
+            }
+        };
+        match first(fut, first(out_of_time, aborted(abort))).await {
+            First::Left(v) => Bounded::Done(v),
+            First::Right(First::Left(())) => Bounded::OutOfTime,
+            First::Right(First::Right(())) => Bounded::Aborted,
+        }
+    }
+
+    fn make_lock(
+        &self,
+        key: String,
+        token: String,
+        fence: Option<u64>,
+        sent_at: f64,
+        options: &AcquireOptions,
+    ) -> Lock {
+        let ttl = first_ttl(options);
+        let heartbeat = options.auto_extend.map(|ax| {
+            let interval = ax.interval.unwrap_or(options.ttl as f64 / 3.0);
+            Heartbeat {
+                interval,
+                max_lag: ax.max_event_loop_lag.unwrap_or(interval),
+            }
+        });
+        let id = NEXT_LOCK_ID.with(|n| n.replace(n.get() + 1));
+        let watched = self.shared.options.events.is_some() || heartbeat.is_some();
+        let inner = Rc::new(LockInner {
+            id,
+            shared: self.shared.clone(),
+            key,
+            token,
+            fence,
+            acquired_at: sent_at,
+            deadline: options.auto_extend.map(|ax| sent_at + ax.max_hold),
+            heartbeat,
+            ttl: Cell::new(options.ttl),
+            lease_end: Cell::new(lease_end(sent_at, ttl)),
+            clamped: Cell::new(ttl < options.ttl),
+            state: Cell::new(LockState::Held),
+            lost_reason: Cell::new(None),
+            lost_cause: RefCell::new(None),
+            ended_at: Cell::new(None),
+            ending_reported: Cell::new(false),
+            releasing: Cell::new(false),
+            extending: Cell::new(0),
+            last_extend_error: RefCell::new(None),
+            heartbeat_stopped: Cell::new(false),
+            watched: Cell::new(watched),
+        });
+        if watched {
+            inner.schedule(inner.lease_end.get(), Due::Expiry);
+        }
+        if let Some(hb) = heartbeat {
+            inner.schedule(sent_at + hb.interval, Due::Tick);
+        }
+        Lock(inner)
+    }
+
+    /// One attempt: the lock, or `None` when another holder has the key. A grant that came
+    /// too late is given back and reported as [`HeldReason::LateAcquire`], because then nobody
+    /// holds the key and "someone else has it" would be wrong.
+    pub async fn try_acquire(&self, key: &str, options: AcquireOptions) -> Result<Option<Lock>> {
+        options.validate()?;
+        let key = self.full_key(key)?;
+        let token = self.token()?;
+        let start = self.now();
+        let ttl = first_ttl(&options);
+        match self.attempt(&key, &token, ttl, None, None).await? {
+            Attempt::Won { sent_at, fence } => {
+                let lock = self.make_lock(key, token, fence, sent_at, &options);
+                let waited_ms = self.now() - start;
+                self.emit(Event::Acquired {
+                    key: lock.key(),
+                    ttl: options.ttl,
+                    waited_ms,
+                    attempts: 1,
+                });
+                Ok(Some(lock))
+            }
+            Attempt::Missed(reason) => {
+                let elapsed_ms = self.now() - start;
+                self.emit(Event::Contended {
+                    key: &key,
+                    ttl: options.ttl,
+                    attempt: 1,
+                    elapsed_ms,
+                    reason,
+                });
+                match reason {
+                    HeldReason::Held => Ok(None),
+                    _ => Err(Error::Held {
+                        key,
+                        attempts: 1,
+                        elapsed_ms,
+                        reason: HeldReason::LateAcquire,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Acquires every key, in sorted order without duplicates so that overlapping sets cannot
+    /// deadlock. `retry.timeout` is one budget for the set; `retry.retries` applies per key.
+    /// Every lease is refreshed before the set is returned, so the leases overlap. On any
+    /// failure, every lock taken is released and the error is returned.
+    pub async fn acquire_many(
+        &self,
+        keys: &[String],
+        options: AcquireOptions,
+        abort: Option<Abort>,
+    ) -> Result<Vec<Lock>> {
+        options.validate()?;
+        if keys.is_empty() {
+            return Err(Error::validation("keys", "must name at least one key"));
+        }
+        let mut full: Vec<String> = keys.iter().map(|k| self.full_key(k)).collect::<Result<_>>()?;
+        full.sort();
+        full.dedup();
+        let start = self.now();
+        let mut locks: Vec<Lock> = Vec::with_capacity(full.len());
+        let outcome = async {
+            for key in full {
+                let mut per_key = options.clone();
+                if let Some(t) = options.retry.timeout {
+                    per_key.retry.timeout = Some((start + t - self.now()).max(0.0));
+                }
+                let token = self.token()?;
+                let lock = self.acquire_key(key, token, &per_key, abort.as_ref()).await?;
+                locks.push(lock);
+            }
+            let last = locks.len() - 1;
+            for lock in &locks[..last] {
+                lock.extend(lock.ttl()).await?;
+            }
+            Ok(())
+        }
+        .await;
+        match outcome {
+            Ok(()) => Ok(locks),
+            Err(e) => {
+                for lock in &locks {
+                    let _ = lock.release(true).await;
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The first lease: the TTL, cut to `maxHold` when that is shorter.
+fn first_ttl(options: &AcquireOptions) -> u32 {
+    match options.auto_extend {
+        Some(ax) if ax.max_hold < options.ttl as f64 => ax.max_hold.max(1.0) as u32,
+        _ => options.ttl,
+    }
+}
+
+enum Bounded<T> {
+    Done(T),
+    OutOfTime,
+    Aborted,
+}
+
+/// A grant request; `Some(fence)` when granted.
+enum GrantOp {
+    Plain(Op<bool>),
+    Fenced(Op<Option<u64>>),
+}
+
+impl std::future::Future for GrantOp {
+    type Output = Result<Option<Option<u64>>>;
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        match self.get_mut() {
+            GrantOp::Plain(op) => match std::pin::Pin::new(op).poll(cx) {
+                Poll::Ready(r) => Poll::Ready(r.map(|won| won.then_some(None))),
+                Poll::Pending => Poll::Pending,
+            },
+            GrantOp::Fenced(op) => match std::pin::Pin::new(op).poll(cx) {
+                Poll::Ready(r) => Poll::Ready(r.map(|fence| fence.map(Some))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+/// For backends that cannot tell when a key is released: waiters rely on their next poll.
+struct NeverReleased;
+
+impl Waiter for NeverReleased {
+    fn released(&mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+impl Lock {
+    /// Why the lock was lost, as an error (for `withLock`-style callers).
+    pub fn lost_error(&self) -> Option<Error> {
+        (self.state() == LockState::Lost || self.0.lost_reason.get().is_some())
+            .then(|| self.0.lost_error())
+    }
+
+    /// True when the lock was lost for `reason`.
+    pub fn lost_for(&self, reason: LostReason) -> bool {
+        self.lost_reason() == Some(reason)
+    }
+}

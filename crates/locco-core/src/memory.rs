@@ -1,0 +1,212 @@
+//! The in-memory backend: one process, no I/O, every answer ready at once.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use crate::backend::{Backend, Op, Waiter};
+use crate::clock::{Clock, MonotonicClock};
+
+struct Entry {
+    token: String,
+    expires_at: f64,
+}
+
+/// Locks in a `HashMap`, with a FIFO queue of waiters per key: a release wakes the longest
+/// waiter, so under contention ownership rotates instead of going to whoever polls first.
+pub struct MemoryBackend {
+    clock: Rc<dyn Clock>,
+    entries: RefCell<HashMap<String, Entry>>,
+    fences: RefCell<HashMap<String, u64>>,
+    queues: Rc<Queues>,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new(Rc::new(MonotonicClock))
+    }
+}
+
+impl MemoryBackend {
+    /// A backend whose leases run on `clock` (milliseconds).
+    pub fn new(clock: Rc<dyn Clock>) -> Self {
+        MemoryBackend {
+            clock,
+            entries: RefCell::default(),
+            fences: RefCell::default(),
+            queues: Rc::default(),
+        }
+    }
+
+    /// Forgets every lock. Fencing counters stay, so tokens keep growing.
+    pub fn clear(&self) {
+        self.entries.borrow_mut().clear();
+        let keys: Vec<String> = self.queues.0.borrow().keys().cloned().collect();
+        keys.iter().for_each(|k| self.queues.wake_next(k));
+    }
+
+    /// How many keys carry a live lease.
+    pub fn len(&self) -> usize {
+        let now = self.clock.now();
+        let entries = self.entries.borrow();
+        entries.values().filter(|e| e.expires_at > now).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn grant(&self, key: &str, token: &str, ttl: u32) -> bool {
+        let now = self.clock.now();
+        let expires_at = now + ttl as f64;
+        let mut entries = self.entries.borrow_mut();
+        match entries.get_mut(key) {
+            Some(e) if e.expires_at > now => false,
+            Some(e) => {
+                e.token.clear();
+                e.token.push_str(token);
+                e.expires_at = expires_at;
+                true
+            }
+            None => {
+                let entry = Entry {
+                    token: token.to_owned(),
+                    expires_at,
+                };
+                entries.insert(key.to_owned(), entry);
+                true
+            }
+        }
+    }
+
+    /// Runs `f` on the entry when `key` carries `token` and a live lease.
+    fn ours<R>(&self, key: &str, token: &str, f: impl FnOnce(&mut Entry, f64) -> R) -> Option<R> {
+        let now = self.clock.now();
+        let mut entries = self.entries.borrow_mut();
+        match entries.get_mut(key) {
+            Some(e) if e.token == token && e.expires_at > now => Some(f(e, now)),
+            _ => None,
+        }
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn name(&self) -> &str {
+        "memory"
+    }
+
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        Op::ready(Ok(self.grant(key, token, ttl)))
+    }
+
+    fn release(&self, key: &str, token: &str) -> Op<bool> {
+        let ours = self.ours(key, token, |_, _| ()).is_some();
+        if ours {
+            self.entries.borrow_mut().remove(key);
+            self.queues.wake_next(key);
+        }
+        Op::ready(Ok(ours))
+    }
+
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        let done = self.ours(key, token, |e, now| e.expires_at = now + ttl as f64);
+        Op::ready(Ok(done.is_some()))
+    }
+
+    fn is_held(&self, key: &str, token: &str) -> Op<bool> {
+        Op::ready(Ok(self.ours(key, token, |_, _| ()).is_some()))
+    }
+
+    fn supports_fencing(&self) -> bool {
+        true
+    }
+
+    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
+        if !self.grant(key, token, ttl) {
+            return Op::ready(Ok(None));
+        }
+        let mut fences = self.fences.borrow_mut();
+        let fence = fences.entry(key.to_owned()).or_insert(0);
+        *fence += 1;
+        Op::ready(Ok(Some(*fence)))
+    }
+
+    fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
+        let slot = Rc::new(Slot::default());
+        let mut queues = self.queues.0.borrow_mut();
+        queues.entry(key.to_owned()).or_default().push_back(slot.clone());
+        Some(Box::new(QueuedWaiter {
+            slot,
+            key: key.to_owned(),
+            queues: self.queues.clone(),
+        }))
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    /// Woken and not yet seen by its waiter.
+    released: Cell<bool>,
+    /// The waiter left the queue.
+    gone: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+/// Waiters per key, oldest first.
+#[derive(Default)]
+struct Queues(RefCell<HashMap<String, VecDeque<Rc<Slot>>>>);
+
+impl Queues {
+    /// Wakes the oldest waiter of `key` that has not been woken yet.
+    fn wake_next(&self, key: &str) {
+        let waker = {
+            let mut queues = self.0.borrow_mut();
+            let Some(queue) = queues.get_mut(key) else {
+                return;
+            };
+            queue.retain(|s| !s.gone.get());
+            let next = queue.iter().find(|s| !s.released.get()).cloned();
+            if queue.is_empty() {
+                queues.remove(key);
+            }
+            next.and_then(|slot| {
+                slot.released.set(true);
+                slot.waker.borrow_mut().take()
+            })
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+struct QueuedWaiter {
+    slot: Rc<Slot>,
+    key: String,
+    queues: Rc<Queues>,
+}
+
+impl Waiter for QueuedWaiter {
+    fn released(&mut self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        Box::pin(std::future::poll_fn(move |cx| {
+            if self.slot.released.replace(false) {
+                return Poll::Ready(());
+            }
+            *self.slot.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        }))
+    }
+}
+
+impl Drop for QueuedWaiter {
+    fn drop(&mut self) {
+        self.slot.gone.set(true);
+        // A wake this waiter never used goes to the next one in line.
+        if self.slot.released.get() {
+            self.queues.wake_next(&self.key);
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! What the engine needs from its host: a clock, a timer, a way to run background work, and a
+//! way to hear that the caller gave up.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use crate::clock::{Clock, LeaseClock};
+use crate::timer::{ThreadTimer, Timer};
+
+pub type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+
+/// Runs background work (a heartbeat's request, giving back a late grant) on the engine's
+/// thread. The engine is single-threaded by design: all its state lives on one thread, the
+/// JavaScript thread in Node.js, so it needs no locks.
+pub trait Spawn {
+    fn spawn(&self, task: LocalFuture<()>);
+}
+
+/// The host services of one Locker.
+#[derive(Clone)]
+pub struct Runtime {
+    pub clock: Rc<dyn Clock>,
+    pub timer: Rc<dyn Timer>,
+    pub spawner: Rc<dyn Spawn>,
+}
+
+impl Runtime {
+    /// The system lease clock and the process-wide timer thread.
+    pub fn system(spawner: Rc<dyn Spawn>) -> Self {
+        Runtime {
+            clock: Rc::new(LeaseClock::system()),
+            timer: Rc::new(ThreadTimer),
+            spawner,
+        }
+    }
+
+    pub fn with_clock(mut self, clock: Rc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn with_timer(mut self, timer: Rc<dyn Timer>) -> Self {
+        self.timer = timer;
+        self
+    }
+}
+
+/// A one-way "the caller gave up" flag (an `AbortSignal`'s Rust side).
+#[derive(Clone, Default)]
+pub struct Abort(Rc<AbortState>);
+
+#[derive(Default)]
+struct AbortState {
+    aborted: Cell<bool>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Abort {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn abort(&self) {
+        if !self.0.aborted.replace(true) {
+            let wakers = std::mem::take(&mut *self.0.wakers.borrow_mut());
+            wakers.into_iter().for_each(Waker::wake);
+        }
+    }
+
+    pub fn is_aborted(&self) -> bool {
+        self.0.aborted.get()
+    }
+
+    /// Resolves once [`Abort::abort`] was called.
+    pub fn aborted(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            if self.0.aborted.get() {
+                return Poll::Ready(());
+            }
+            self.0.wakers.borrow_mut().push(cx.waker().clone());
+            Poll::Pending
+        })
+    }
+}
+
+/// Waits for an optional abort; never resolves without one.
+pub(crate) async fn aborted(abort: Option<&Abort>) {
+    match abort {
+        Some(a) => a.aborted().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Which of two futures finished first; the other is dropped.
+pub(crate) enum First<A, B> {
+    Left(A),
+    Right(B),
+}
+
+/// Polls both, left first.
+pub(crate) async fn first<A: Future, B: Future>(a: A, b: B) -> First<A::Output, B::Output> {
+    let mut a = std::pin::pin!(a);
+    let mut b = std::pin::pin!(b);
+    std::future::poll_fn(move |cx| {
+        if let Poll::Ready(v) = a.as_mut().poll(cx) {
+            return Poll::Ready(First::Left(v));
+        }
+        if let Poll::Ready(v) = b.as_mut().poll(cx) {
+            return Poll::Ready(First::Right(v));
+        }
+        Poll::Pending
+    })
+    .await
+}

@@ -1,0 +1,117 @@
+//! One scheduler per Locker drives every heartbeat tick and lease-expiry check of its locks,
+//! from one heap and one pending sleep, instead of a timer per lock.
+
+use std::cell::{Cell, RefCell};
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+use std::rc::{Rc, Weak};
+use std::task::{Poll, Waker};
+
+use crate::lock::LockInner;
+use crate::runtime::{first, Runtime};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Due {
+    /// Send the next heartbeat extension.
+    Tick,
+    /// The lease may have run out: read the clock.
+    Expiry,
+}
+
+struct Entry {
+    at: f64,
+    seq: u64,
+    due: Due,
+    lock: Weak<LockInner>,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.at.total_cmp(&other.at).then(self.seq.cmp(&other.seq))
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Scheduler {
+    heap: RefCell<BinaryHeap<Reverse<Entry>>>,
+    seq: Cell<u64>,
+    running: Cell<bool>,
+    /// The driver's waker while it sleeps, to wake it for an earlier entry.
+    sleeper: RefCell<Option<(f64, Waker)>>,
+}
+
+impl Scheduler {
+    /// Schedules `due` for `lock` at clock time `at`.
+    pub(crate) fn push(self: &Rc<Self>, rt: &Runtime, at: f64, due: Due, lock: &Rc<LockInner>) {
+        let seq = self.seq.get() + 1;
+        self.seq.set(seq);
+        self.heap.borrow_mut().push(Reverse(Entry {
+            at,
+            seq,
+            due,
+            lock: Rc::downgrade(lock),
+        }));
+        if !self.running.replace(true) {
+            rt.spawner.spawn(Box::pin(drive(self.clone(), rt.clone())));
+            return;
+        }
+        let wake = match &*self.sleeper.borrow() {
+            Some((until, w)) if at < *until => Some(w.clone()),
+            _ => None,
+        };
+        if let Some(w) = wake {
+            w.wake();
+        }
+    }
+
+    fn pop_due(&self, now: f64) -> Option<(f64, Due, Rc<LockInner>)> {
+        let mut heap = self.heap.borrow_mut();
+        while let Some(Reverse(top)) = heap.peek() {
+            if top.at > now {
+                return None;
+            }
+            let Reverse(e) = heap.pop().expect("peeked");
+            if let Some(lock) = e.lock.upgrade() {
+                return Some((e.at, e.due, lock));
+            }
+        }
+        None
+    }
+}
+
+/// The scheduler's one task: runs due entries, then sleeps until the earliest one.
+async fn drive(s: Rc<Scheduler>, rt: Runtime) {
+    loop {
+        let now = rt.clock.now();
+        while let Some((at, due, lock)) = s.pop_due(now) {
+            crate::lock::on_due(&lock, due, at);
+        }
+        let next = s.heap.borrow().peek().map(|Reverse(e)| e.at);
+        let Some(next) = next else {
+            s.running.set(false);
+            return;
+        };
+        let wait = rt.timer.sleep(next - rt.clock.now());
+        let earlier = std::future::poll_fn(|cx| {
+            let head = s.heap.borrow().peek().map(|Reverse(e)| e.at);
+            if head.is_some_and(|h| h < next) {
+                return Poll::Ready(());
+            }
+            *s.sleeper.borrow_mut() = Some((next, cx.waker().clone()));
+            Poll::Pending
+        });
+        first(wait, earlier).await;
+        *s.sleeper.borrow_mut() = None;
+    }
+}
