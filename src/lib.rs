@@ -1,1 +1,84 @@
+//! The Node.js binding of locco-core. It converts types and maps errors; the engine's logic
+//! lives in `crates/locco-core`. Exports are synchronous: see `ops` for how they answer.
 
+#![deny(clippy::all)]
+
+mod executor;
+mod host;
+mod hub;
+mod ops;
+mod registry;
+
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+
+use ops::Raw;
+
+/// Registers the facade's trampolines (an object of functions) and the function the timer
+/// thread calls to wake the event loop.
+#[napi(catch_unwind)]
+pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>) -> Result<()> {
+    let names = [
+        "settle",
+        "event",
+        "lost",
+        "callAdapter",
+        "callDelay",
+        "now",
+        "token",
+        "makeError",
+        "forgetError",
+    ];
+    let mut fns = Vec::with_capacity(names.len());
+    for name in names {
+        let f: Unknown = hub_fns.get_named_property(name)?;
+        fns.push(f.raw());
+    }
+    hub::register(env.raw(), &fns)?;
+    let tsfn = wake
+        .build_threadsafe_function::<()>()
+        .weak::<true>()
+        .build_callback(|_ctx| {
+            executor::drain();
+            Ok(())
+        })?;
+    executor::EXECUTOR.with(|e| e.set_wake(tsfn));
+    Ok(())
+}
+
+/// The error behind the last `FAILED` answer.
+#[napi(catch_unwind)]
+pub fn take_error() -> Raw {
+    ops::take_error()
+}
+
+/// JavaScript's answer to a host call: `kind` 0 boolean, 1 number, 2 null, 3 error (`value`
+/// is then the facade's id for the thrown value). `false` when nobody waits any more.
+#[napi(catch_unwind)]
+pub fn host_done(op_id: f64, kind: u32, value: f64) -> bool {
+    let answer = match kind {
+        0 => Ok(ops::HostValue::Bool(value != 0.0)),
+        1 => Ok(ops::HostValue::Number(value)),
+        2 => Ok(ops::HostValue::Null),
+        _ => Err(hub::foreign(value)),
+    };
+    ops::host_done(op_id, answer)
+}
+
+/// Runs tasks woken on other threads.
+#[napi(catch_unwind)]
+pub fn run_pending() {
+    executor::drain();
+}
+
+/// Panics inside the engine's executor, to prove a panic surfaces as an error.
+#[napi(catch_unwind)]
+pub fn panic_for_test(op_id: f64) -> Raw {
+    ops::run(op_id, async { panic!("deliberate panic for a test") })
+}
+
+/// Panics in the export itself.
+#[napi(catch_unwind)]
+pub fn panic_sync_for_test() {
+    panic!("deliberate synchronous panic for a test")
+}

@@ -1,0 +1,96 @@
+'use strict';
+
+const { native, answer, nextOpId, registerClock, adapters, ADAPTER_METHODS } = require('./native.js');
+const { validation } = require('./errors.js');
+
+const NATIVE_ID = Symbol.for('locco-rs.adapterId');
+const [ACQUIRE, RELEASE, EXTEND, IS_HELD, ACQUIRE_FENCED] = [0, 1, 2, 3, 4];
+
+/** Calls one method of a built-in (native) adapter, as a promise. */
+function callNative(adapterId, method, input) {
+  if (input === null || typeof input !== 'object') {
+    return Promise.reject(validation('input', 'must be an object { key, token, ttl? }'));
+  }
+  const { key, token, ttl } = input;
+  if (typeof key !== 'string' || typeof token !== 'string') {
+    return Promise.reject(validation('key', 'key and token must be strings'));
+  }
+  if (ttl !== undefined && typeof ttl !== 'number') {
+    return Promise.reject(validation('ttl', 'must be a number of ms'));
+  }
+  try {
+    const opId = nextOpId();
+    return Promise.resolve(answer(native.adapterCall(adapterId, method, key, token, ttl ?? 0, opId), opId));
+  } catch (error) {
+    return Promise.reject(error);
+  }
+}
+
+/**
+ * Locks in this process's memory: for tests, and for one process that wants the Locker's
+ * semantics without a server. Waiters are woken in arrival order when a key is released.
+ */
+class InMemoryAdapter {
+  /** @param {{ now?: () => number }} [options] */
+  constructor(options = {}) {
+    if (options === null || typeof options !== 'object') {
+      throw validation('options', 'must be an object');
+    }
+    if (options.now !== undefined && typeof options.now !== 'function') {
+      throw validation('now', 'must be a function returning milliseconds');
+    }
+    const clockId = options.now ? registerClock(options.now) : undefined;
+    Object.defineProperty(this, NATIVE_ID, { value: native.createMemoryAdapter(clockId) });
+  }
+
+  /** Forgets every lock; the fencing counters stay, so tokens keep growing. */
+  clear() {
+    native.memoryClear(this[NATIVE_ID]);
+  }
+
+  acquire(input) {
+    return callNative(this[NATIVE_ID], ACQUIRE, input);
+  }
+  release(input) {
+    return callNative(this[NATIVE_ID], RELEASE, input);
+  }
+  extend(input) {
+    return callNative(this[NATIVE_ID], EXTEND, input);
+  }
+  isHeld(input) {
+    return callNative(this[NATIVE_ID], IS_HELD, input);
+  }
+  acquireFenced(input) {
+    return callNative(this[NATIVE_ID], ACQUIRE_FENCED, input);
+  }
+}
+
+const jsAdapterIds = new WeakMap();
+
+/** The native id for `adapter`: a built-in adapter's own, or a JavaScript adapter registered once. */
+function adapterId(adapter) {
+  if (adapter === null || typeof adapter !== 'object') {
+    throw validation('adapter', 'is required: pass an adapter such as new InMemoryAdapter()');
+  }
+  if (adapter[NATIVE_ID] !== undefined) return adapter[NATIVE_ID];
+  const known = jsAdapterIds.get(adapter);
+  if (known !== undefined) return known;
+  for (const name of ADAPTER_METHODS.slice(0, 4)) {
+    if (typeof adapter[name] !== 'function') {
+      throw validation(
+        'adapter',
+        `is not a lock adapter: its ${name} is ${typeof adapter[name]}, not a function ` +
+          '(an adapter has acquire, release, extend and isHeld, and may have acquireFenced)',
+      );
+    }
+  }
+  if (adapter.acquireFenced !== undefined && typeof adapter.acquireFenced !== 'function') {
+    throw validation('adapter', 'acquireFenced, when present, must be a function');
+  }
+  const id = native.createJsAdapter(typeof adapter.acquireFenced === 'function');
+  adapters.set(id, adapter);
+  jsAdapterIds.set(adapter, id);
+  return id;
+}
+
+module.exports = { InMemoryAdapter, adapterId, NATIVE_ID };

@@ -1,0 +1,73 @@
+'use strict';
+
+/** The root of every error locco-rs raises. `code` is stable; match on it across copies. */
+class LoccoError extends Error {
+  constructor(message, code, options) {
+    super(message, options && 'cause' in options ? { cause: options.cause } : undefined);
+    this.name = new.target.name;
+    this.code = code;
+  }
+}
+
+/** The key could not be taken within the retry budget. */
+class LockHeldError extends LoccoError {
+  constructor(message, { key, attempts, elapsedMs, reason } = {}) {
+    super(message, 'LOCK_HELD');
+    this.key = key;
+    this.attempts = attempts;
+    this.elapsedMs = elapsedMs;
+    this.reason = reason;
+  }
+}
+
+/** The lease was lost. From withLock, `completed` and `result` tell what the work returned. */
+class LockLostError extends LoccoError {
+  constructor(message, { key, reason, cause, completed, result } = {}) {
+    super(message, 'LOCK_LOST', cause === undefined ? undefined : { cause });
+    this.key = key;
+    this.reason = reason;
+    if (completed !== undefined) {
+      this.completed = completed;
+      this.result = result;
+    }
+  }
+}
+
+/** An operation the lock's state does not allow, such as extend after release. */
+class LockStateError extends LoccoError {
+  constructor(message) {
+    super(message, 'LOCK_STATE');
+  }
+}
+
+/** A wrong argument, or a backend set up wrong. `field` names the culprit. */
+class ValidationError extends LoccoError {
+  constructor(message, { field } = {}) {
+    super(message, 'LOCK_VALIDATION');
+    this.field = field;
+  }
+}
+
+/** The backend failed (connection, timeout, auth, protocol). Never contention. */
+class BackendError extends LoccoError {
+  constructor(message, { backend, kind, serverCode } = {}) {
+    super(message, 'LOCK_BACKEND');
+    this.backend = backend;
+    this.kind = kind;
+    if (serverCode !== undefined) this.serverCode = serverCode;
+  }
+}
+
+function validation(field, message) {
+  return new ValidationError(`invalid ${field}: ${message}`, { field });
+}
+
+module.exports = {
+  LoccoError,
+  LockHeldError,
+  LockLostError,
+  LockStateError,
+  ValidationError,
+  BackendError,
+  validation,
+};

@@ -1,0 +1,431 @@
+'use strict';
+
+const { native, answer, nextOpId, registerClock, lockers, delays, lossHandlers, ABORTED } =
+  require('./native.js');
+const { LockLostError, validation } = require('./errors.js');
+const { adapterId } = require('./adapters.js');
+
+const STATES = ['held', 'lost', 'released'];
+const DEFAULT_RETRY = Object.freeze({ retries: 10, delay: 200, timeout: undefined });
+const NATIVE_DELAY = Symbol('locco-rs.delayId');
+
+// Locks the facade no longer refers to are forgotten by the engine too.
+const forget = new FinalizationRegistry((id) => native.dropLock(id));
+
+function isObject(v) {
+  return v !== null && typeof v === 'object';
+}
+
+function optionalNumber(field, v) {
+  if (v !== undefined && typeof v !== 'number') throw validation(field, `must be a number, got ${typeof v}`);
+  return v;
+}
+
+function optionalFunction(field, v) {
+  if (v !== undefined && typeof v !== 'function') throw validation(field, `must be a function, got ${typeof v}`);
+  return v;
+}
+
+/** The native id of a delay function, registered once per function. */
+function delayId(fn) {
+  if (fn[NATIVE_DELAY] === undefined) {
+    const id = native.createDelayFn();
+    delays.set(id, fn);
+    Object.defineProperty(fn, NATIVE_DELAY, { value: id });
+  }
+  return fn[NATIVE_DELAY];
+}
+
+/** Checks a RetryOptions layer and flattens it into the binding's arguments. */
+function retryArgs(field, retry) {
+  if (retry === undefined) return [undefined, undefined, undefined, undefined];
+  if (!isObject(retry)) throw validation(field, 'must be an object { retries?, delay?, timeout? }');
+  const retries = optionalNumber(`${field}.retries`, retry.retries);
+  if (retries !== undefined && !(retries >= 0)) throw validation(`${field}.retries`, `must be >= 0, got ${retries}`);
+  const { delay } = retry;
+  let delayMs;
+  let delayFn;
+  if (typeof delay === 'function') delayFn = delayId(delay);
+  else if (delay !== undefined && typeof delay !== 'number') {
+    throw validation(`${field}.delay`, 'must be a number of ms or a function');
+  } else if (delay !== undefined && !(delay >= 0)) {
+    throw validation(`${field}.delay`, `must be >= 0, got ${delay}`);
+  } else delayMs = delay;
+  return [retries, delayMs, delayFn, optionalNumber(`${field}.timeout`, retry.timeout)];
+}
+
+function mergeRetry(...layers) {
+  const out = { ...DEFAULT_RETRY };
+  for (const layer of layers) {
+    if (!layer) continue;
+    for (const k of ['retries', 'delay', 'timeout']) if (layer[k] !== undefined) out[k] = layer[k];
+  }
+  return out;
+}
+
+function eventOf(type, key, ttl, a, b, reason, error) {
+  switch (type) {
+    case 'acquired':
+      return { type, key, ttl, waitedMs: a, attempts: b };
+    case 'contended':
+      return { type, key, ttl, attempt: b, elapsedMs: a, reason };
+    case 'lost':
+      return error === undefined ? { type, key, ttl, heldMs: a, reason } : { type, key, ttl, heldMs: a, reason, error };
+    case 'extendFailed':
+    case 'releaseFailed':
+      return { type, key, ttl, heldMs: a, error };
+    default:
+      return { type, key, ttl, heldMs: a };
+  }
+}
+
+function lostError(key, reason, cause) {
+  return new LockLostError(`lock ${JSON.stringify(key)} was lost (${reason})`, { key, reason, cause });
+}
+
+/** A held lease. Read `state`, `signal` or `lostReason` before a write that matters. */
+class Lock {
+  constructor(locker, id, key, retry) {
+    this._locker = locker;
+    this._id = id;
+    this._retry = retry;
+    this._controller = undefined;
+    this._released = undefined;
+    Object.defineProperty(this, 'key', { value: key, enumerable: true });
+    forget.register(this, id);
+  }
+
+  get token() {
+    return native.lockToken(this._id);
+  }
+  get fence() {
+    return native.lockFence(this._id) ?? undefined;
+  }
+  get ttl() {
+    return native.lockTtl(this._id);
+  }
+  get retry() {
+    return this._retry;
+  }
+  get state() {
+    return STATES[native.lockState(this._id)];
+  }
+  get lostReason() {
+    return native.lockLostReason(this._id) ?? undefined;
+  }
+  get heldMs() {
+    return native.lockHeldMs(this._id);
+  }
+
+  /** Aborts, with a LockLostError as its reason, the moment the lease is known lost. */
+  get signal() {
+    if (this._controller === undefined) {
+      const controller = new AbortController();
+      this._controller = controller;
+      const reason = this.lostReason;
+      if (reason !== undefined) {
+        controller.abort(lostError(this.key, reason, native.lockLostCause(this._id)));
+      } else if (this.state === 'held') {
+        lossHandlers.set(this._id, (why, cause) => {
+          lossHandlers.delete(this._id);
+          controller.abort(lostError(this.key, why, cause));
+        });
+        native.lockWatch(this._id);
+      }
+    }
+    return this._controller.signal;
+  }
+
+  /** Deletes our key: true when it did, false when the key was gone or another holder's. */
+  release() {
+    return this._release(false);
+  }
+
+  _release(final) {
+    try {
+      const opId = nextOpId();
+      const r = answer(native.release(this._id, final, opId), opId);
+      if (typeof r === 'boolean') return Promise.resolve(this._afterRelease(r));
+      return r.then((deleted) => this._afterRelease(deleted));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  _afterRelease(deleted) {
+    if (this._released === undefined) this._released = deleted;
+    lossHandlers.delete(this._id);
+    return deleted;
+  }
+
+  /** A new lease of `ttl` ms from now, clamped to the hold deadline. */
+  extend(ttl) {
+    try {
+      if (typeof ttl !== 'number') throw validation('ttl', `must be a number of ms, got ${typeof ttl}`);
+      const opId = nextOpId();
+      return Promise.resolve(answer(native.extend(this._id, ttl, opId), opId));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /** One look at the backend. A false while held marks the lock lost ('observed'). */
+  isHeld() {
+    try {
+      const opId = nextOpId();
+      return Promise.resolve(answer(native.isHeld(this._id, opId), opId));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  async [Symbol.asyncDispose]() {
+    await this._release(true);
+  }
+}
+
+/** Several locks taken together by acquireMany. */
+class LockSet {
+  constructor(locks) {
+    this.locks = locks;
+    this._signal = undefined;
+  }
+
+  /** Aborts when any lock of the set is lost. */
+  get signal() {
+    this._signal ??= AbortSignal.any(this.locks.map((l) => l.signal));
+    return this._signal;
+  }
+
+  /** Releases every lock; true when each deleted its key. Throws the first failure after trying all. */
+  async release() {
+    return this._releaseAll(false);
+  }
+
+  async _releaseAll(final) {
+    const results = await Promise.allSettled(this.locks.map((l) => l._release(final)));
+    const failed = results.find((r) => r.status === 'rejected');
+    if (failed) throw failed.reason;
+    return results.every((r) => r.value === true);
+  }
+
+  /** Extends every lock to a new lease of `ttl` ms. */
+  async extend(ttl) {
+    await Promise.all(this.locks.map((l) => l.extend(ttl)));
+  }
+
+  async [Symbol.asyncDispose]() {
+    await this._releaseAll(true);
+  }
+}
+
+/** Acquires and holds leases on one backend. */
+class Locker {
+  constructor(options) {
+    if (!isObject(options)) throw validation('options', 'must be an object with an adapter');
+    const adapter = adapterId(options.adapter);
+    const keyPrefix = options.keyPrefix ?? '';
+    if (typeof keyPrefix !== 'string') throw validation('keyPrefix', 'must be a string');
+    const onEvent = optionalFunction('onEvent', options.onEvent);
+    const now = optionalFunction('now', options.now);
+    const token = optionalFunction('token', options.token);
+    if (options.fencing !== undefined && typeof options.fencing !== 'boolean') {
+      throw validation('fencing', 'must be a boolean');
+    }
+    const [retries, delayMs, delayFn, timeout] = retryArgs('retry', options.retry);
+    const id = answer(
+      native.createLocker(
+        adapter,
+        keyPrefix,
+        options.fencing === true,
+        retries,
+        delayMs,
+        delayFn,
+        timeout,
+        onEvent !== undefined,
+        now ? registerClock(now) : undefined,
+        token !== undefined,
+      ),
+    );
+    this._id = id;
+    this._prefix = keyPrefix;
+    this._retry = options.retry;
+    lockers.set(id, {
+      token,
+      onEvent:
+        onEvent &&
+        ((...args) => {
+          try {
+            onEvent(eventOf(...args));
+          } catch {
+            // What an event handler throws is dropped: it must not break locking.
+          }
+        }),
+    });
+  }
+
+  /** Acquires `key`, retrying while another holder has it. */
+  acquire(key, options) {
+    return this._acquire(0, key, options, options && options.signal);
+  }
+
+  /** One attempt: the Lock, or null when another holder has the key. */
+  tryAcquire(key, options) {
+    return this._acquire(1, key, options, undefined);
+  }
+
+  _acquire(mode, key, options, signal) {
+    try {
+      const args = this._args(key, options, signal, mode === 1);
+      const start = (abortId) => {
+        const opId = nextOpId();
+        return answer(native.acquire(this._id, mode, ...args, abortId, opId), opId);
+      };
+      const r = signal === undefined ? start(undefined) : this._withSignal(signal, start);
+      if (typeof r === 'number') return Promise.resolve(this._lock(r, key, options));
+      if (r === null) return Promise.resolve(null);
+      return r.then((id) => (id === null ? null : this._lock(id, key, options)));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /** Runs a native acquisition that `signal` can stop; rejects with signal.reason at once. */
+  _withSignal(signal, start) {
+    if (!(signal instanceof AbortSignal)) throw validation('signal', 'must be an AbortSignal');
+    if (signal.aborted) return Promise.reject(signal.reason);
+    const abortId = native.createAbort();
+    return new Promise((resolve, reject) => {
+      const onAbort = () => {
+        native.abort(abortId);
+        reject(signal.reason);
+      };
+      const done = () => {
+        signal.removeEventListener('abort', onAbort);
+        native.dropAbort(abortId);
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      let r;
+      try {
+        r = start(abortId);
+      } catch (error) {
+        done();
+        reject(error);
+        return;
+      }
+      Promise.resolve(r).then(
+        (v) => {
+          done();
+          resolve(v);
+        },
+        (e) => {
+          done();
+          reject(e === ABORTED ? signal.reason : e);
+        },
+      );
+    });
+  }
+
+  _args(key, options, signal, single) {
+    if (typeof key !== 'string') throw validation('key', `must be a string, got ${typeof key}`);
+    if (!isObject(options)) throw validation('options', 'must be an object with a ttl');
+    if (options.ttl === undefined) throw validation('ttl', 'is required (lease length in ms)');
+    const ttl = optionalNumber('ttl', options.ttl);
+    if (single && (options.retry !== undefined || options.signal !== undefined)) {
+      throw validation('options', 'tryAcquire makes one attempt: retry and signal do not apply');
+    }
+    const [retries, delayMs, delayFn, timeout] = retryArgs('retry', options.retry);
+    const ax = options.autoExtend;
+    if (ax !== undefined && !isObject(ax)) throw validation('autoExtend', 'must be an object { interval?, maxHold }');
+    return [
+      key,
+      ttl,
+      retries,
+      delayMs,
+      delayFn,
+      timeout,
+      ax !== undefined,
+      ax && optionalNumber('autoExtend.interval', ax.interval),
+      ax && optionalNumber('autoExtend.maxHold', ax.maxHold),
+      ax && optionalNumber('autoExtend.maxEventLoopLag', ax.maxEventLoopLag),
+    ];
+  }
+
+  _lock(id, key, options) {
+    const fullKey = key === undefined ? native.lockKey(id) : this._prefix + key;
+    return new Lock(this, id, fullKey, mergeRetry(this._retry, options.retry));
+  }
+
+  /**
+   * Acquires `key`, runs `fn(lock)`, releases. Outcome order: fn's error; else LockLostError
+   * (completed: true, with the result) when the lock was lost; else fn's value.
+   */
+  async withLock(key, options, fn) {
+    if (typeof fn !== 'function') throw validation('fn', 'must be a function (lock) => result');
+    const lock = await this.acquire(key, options);
+    let result;
+    try {
+      result = await fn(lock);
+    } catch (error) {
+      await lock._release(true).catch(() => {}); // reported as a releaseFailed event
+      throw error;
+    }
+    let deleted = lock._released;
+    if (deleted === undefined) {
+      try {
+        deleted = await lock._release(true);
+      } catch {
+        // The work finished under a held lock; the failure went to releaseFailed.
+        deleted = true;
+      }
+    }
+    const reason = lock.lostReason;
+    if (reason !== undefined || !deleted) {
+      const why = reason ?? 'release';
+      const cause = native.lockLostCause(lock._id);
+      throw new LockLostError(
+        `lock ${JSON.stringify(lock.key)} was lost (${why}) before the work finished`,
+        { key: lock.key, reason: why, cause, completed: true, result },
+      );
+    }
+    return result;
+  }
+
+  /** Acquires a set of keys in sorted order; one timeout budget, retries per key. */
+  acquireMany(keys, options) {
+    try {
+      if (!Array.isArray(keys) || keys.some((k) => typeof k !== 'string')) {
+        throw validation('keys', 'must be an array of strings');
+      }
+      const signal = options && options.signal;
+      const args = this._args(keys[0] ?? '', options, signal, false).slice(1);
+      const start = (abortId) => {
+        const opId = nextOpId();
+        return answer(native.acquireMany(this._id, keys, ...args, abortId, opId), opId);
+      };
+      const run = signal !== undefined ? this._withSignal(signal, start) : Promise.resolve().then(() => start(undefined));
+      return run.then((ids) => new LockSet(ids.map((id) => this._lock(id, undefined, options))));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+}
+
+/**
+ * Exponential backoff for `retry.delay`: base * factor^(attempt-1), capped at max. With
+ * jitter (the default) each wait is drawn from the upper half of that value.
+ */
+function exponentialBackoff(options) {
+  if (!isObject(options)) throw validation('options', 'must be an object { base, max, factor?, jitter? }');
+  const { base, max, factor = 2, jitter = true } = options;
+  for (const [field, v] of [['base', base], ['max', max], ['factor', factor]]) {
+    if (typeof v !== 'number') throw validation(field, `must be a number, got ${typeof v}`);
+  }
+  if (typeof jitter !== 'boolean') throw validation('jitter', 'must be a boolean');
+  const id = answer(native.createBackoff(base, max, factor, jitter));
+  const fn = ({ attempt }) => native.backoffDelay(id, attempt);
+  Object.defineProperty(fn, NATIVE_DELAY, { value: id });
+  return fn;
+}
+
+module.exports = { Locker, Lock, LockSet, exponentialBackoff };

@@ -1,0 +1,163 @@
+'use strict';
+// The one place that talks to the native binding: it registers the trampolines the engine
+// calls, and turns the binding's answers (a value, PENDING, FAILED) into values and promises.
+
+const native = require('../binding.js');
+const errors = require('./errors.js');
+
+const PENDING = -1;
+const FAILED = -2;
+
+const waiting = new Map(); // opId -> { resolve, reject }
+const foreign = new Map(); // id -> a value thrown by user code, kept while Rust refers to it
+const lockers = new Map(); // lockerId -> { onEvent, token }
+const clocks = new Map(); // clockId -> () => number
+const adapters = new Map(); // adapterId -> a JavaScript adapter object
+const delays = new Map(); // delayId -> DelayFn
+const lossHandlers = new Map(); // lockId -> (reason, cause) => void
+let nextOp = 1;
+let nextForeign = 1;
+let nextClock = 1;
+
+const ADAPTER_METHODS = ['acquire', 'release', 'extend', 'isHeld', 'acquireFenced'];
+const ABORTED = Symbol('aborted');
+
+function makeError(d) {
+  switch (d.code) {
+    case 'LOCK_HELD':
+      return new errors.LockHeldError(d.message, d);
+    case 'LOCK_LOST':
+      return new errors.LockLostError(d.message, d);
+    case 'LOCK_STATE':
+      return new errors.LockStateError(d.message);
+    case 'LOCK_VALIDATION':
+      return new errors.ValidationError(d.message, d);
+    case 'LOCK_BACKEND':
+      return new errors.BackendError(d.message, d);
+    case 'FOREIGN':
+      return foreign.get(d.foreignId);
+    case 'ABORTED':
+      return ABORTED;
+    default:
+      return new errors.LoccoError(d.message, d.code);
+  }
+}
+
+/** Passes what user code threw (or answered wrongly) to the engine, untouched. */
+function hostFail(opId, error) {
+  const id = nextForeign++;
+  foreign.set(id, error);
+  if (!native.hostDone(opId, 3, id)) foreign.delete(id);
+}
+
+function hostAnswer(opId, value) {
+  if (typeof value === 'boolean') native.hostDone(opId, 0, value ? 1 : 0);
+  else if (value === null) native.hostDone(opId, 2, 0);
+  else native.hostDone(opId, 1, typeof value === 'number' ? value : NaN);
+}
+
+function callHost(fn, arg, opId) {
+  let out;
+  try {
+    out = fn(arg);
+  } catch (error) {
+    hostFail(opId, error);
+    return;
+  }
+  if (out !== null && typeof out === 'object' && typeof out.then === 'function') {
+    out.then(
+      (value) => hostAnswer(opId, value),
+      (error) => hostFail(opId, error),
+    );
+  } else {
+    hostAnswer(opId, out);
+  }
+}
+
+// An awaited operation keeps the process alive, as a pending timer would; the library's own
+// background work (heartbeats, expiry checks) does not.
+let keepAlive;
+
+function wait(opId) {
+  return new Promise((resolve, reject) => {
+    waiting.set(opId, { resolve, reject });
+    keepAlive ??= setInterval(() => {}, 2 ** 30);
+  });
+}
+
+const hub = {
+  settle(opId, value, isError) {
+    const w = waiting.get(opId);
+    if (w === undefined) return;
+    waiting.delete(opId);
+    if (waiting.size === 0 && keepAlive !== undefined) {
+      clearInterval(keepAlive);
+      keepAlive = undefined;
+    }
+    if (isError) w.reject(value);
+    else w.resolve(value);
+  },
+  event(lockerId, type, key, ttl, a, b, reason, error) {
+    const l = lockers.get(lockerId);
+    if (l && l.onEvent) l.onEvent(type, key, ttl, a, b, reason, error);
+  },
+  lost(lockId, reason, cause) {
+    const handler = lossHandlers.get(lockId);
+    if (handler !== undefined) handler(reason, cause);
+  },
+  callAdapter(adapterId, method, key, token, ttl, opId) {
+    const adapter = adapters.get(adapterId);
+    const name = ADAPTER_METHODS[method];
+    const arg = ttl === undefined ? { key, token } : { key, token, ttl };
+    callHost((x) => adapter[name](x), arg, opId);
+  },
+  callDelay(delayId, attempt, elapsedMs, previousDelay, opId) {
+    callHost(delays.get(delayId), { attempt, elapsedMs, previousDelay }, opId);
+  },
+  now(clockId) {
+    return clocks.get(clockId)();
+  },
+  token(lockerId) {
+    return lockers.get(lockerId).token();
+  },
+  makeError,
+  forgetError(id) {
+    foreign.delete(id);
+  },
+};
+
+native.init(hub, () => {});
+
+/**
+ * The result of a native operation: the value itself when it finished within the call
+ * (so the fast path makes no promise here), else a promise.
+ */
+function answer(r, opId) {
+  if (r === PENDING) return wait(opId);
+  if (r === FAILED) throw native.takeError();
+  return r;
+}
+
+function nextOpId() {
+  return nextOp++;
+}
+
+function registerClock(fn) {
+  const id = nextClock++;
+  clocks.set(id, fn);
+  return id;
+}
+
+module.exports = {
+  native,
+  answer,
+  nextOpId,
+  registerClock,
+  lockers,
+  adapters,
+  delays,
+  lossHandlers,
+  ABORTED,
+  FAILED,
+  ADAPTER_METHODS,
+};

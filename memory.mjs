@@ -1,0 +1,3 @@
+import cjs from './memory.js';
+
+export const { InMemoryAdapter } = cjs;

@@ -1,0 +1,167 @@
+//! A small executor that polls the engine's futures on the JavaScript thread.
+//!
+//! The engine is single-threaded. Polling it here, rather than on a Tokio thread, means an
+//! in-memory acquire or a hand-off to the next waiter costs no thread hop, and a heartbeat can
+//! only go out while the event loop is alive. Wakers called on another thread (the timer
+//! thread, later network I/O) queue the task and wake the loop through one unreferenced
+//! threadsafe function, which keeps nothing alive.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::ThreadId;
+
+use locco_core::LocalFuture;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+
+type WakeFn = ThreadsafeFunction<(), (), (), napi::Status, false, true>;
+
+/// The part of the executor other threads may touch.
+pub struct Remote {
+    owner: ThreadId,
+    queue: Mutex<Vec<u64>>,
+    scheduled: AtomicBool,
+    wake: OnceLock<WakeFn>,
+}
+
+struct TaskWaker {
+    id: u64,
+    remote: Arc<Remote>,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if std::thread::current().id() == self.remote.owner {
+            EXECUTOR.with(|e| e.ready.borrow_mut().push_back(self.id));
+            return;
+        }
+        self.remote.queue.lock().unwrap_or_else(|e| e.into_inner()).push(self.id);
+        if !self.remote.scheduled.swap(true, Ordering::AcqRel) {
+            if let Some(wake) = self.remote.wake.get() {
+                wake.call((), ThreadsafeFunctionCallMode::NonBlocking);
+            }
+        }
+    }
+}
+
+pub struct Executor {
+    tasks: RefCell<HashMap<u64, LocalFuture<()>>>,
+    ready: RefCell<VecDeque<u64>>,
+    next_id: Cell<u64>,
+    draining: Cell<bool>,
+    remote: Arc<Remote>,
+}
+
+thread_local! {
+    pub static EXECUTOR: Executor = Executor {
+        tasks: RefCell::default(),
+        ready: RefCell::default(),
+        next_id: Cell::new(1),
+        draining: Cell::new(false),
+        remote: Arc::new(Remote {
+            owner: std::thread::current().id(),
+            queue: Mutex::default(),
+            scheduled: AtomicBool::new(false),
+            wake: OnceLock::new(),
+        }),
+    };
+}
+
+impl Executor {
+    pub fn set_wake(&self, wake: WakeFn) {
+        let _ = self.remote.wake.set(wake);
+    }
+
+    /// Polls `fut` once now; if it is not done, keeps it and polls it when woken.
+    pub fn spawn(&self, fut: LocalFuture<()>) {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        self.poll_task(id, fut);
+    }
+
+    fn poll_task(&self, id: u64, mut fut: LocalFuture<()>) {
+        let waker = Waker::from(Arc::new(TaskWaker {
+            id,
+            remote: self.remote.clone(),
+        }));
+        let mut cx = Context::from_waker(&waker);
+        // A panic inside the engine ends this task only; its caller hears of it through the
+        // `Guarded` wrapper of the operation.
+        match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
+            Ok(Poll::Pending) => {
+                self.tasks.borrow_mut().insert(id, fut);
+            }
+            Ok(Poll::Ready(())) | Err(_) => {}
+        }
+    }
+
+    /// Polls every woken task until none is left. Re-entrant calls return at once: the outer
+    /// loop picks up what they would have run.
+    pub fn drain(&self) {
+        if self.draining.replace(true) {
+            return;
+        }
+        loop {
+            let remote: Vec<u64> = {
+                let mut q = self.remote.queue.lock().unwrap_or_else(|e| e.into_inner());
+                self.remote.scheduled.store(false, Ordering::Release);
+                std::mem::take(&mut *q)
+            };
+            self.ready.borrow_mut().extend(remote);
+            let next = self.ready.borrow_mut().pop_front();
+            let Some(id) = next else { break };
+            let task = self.tasks.borrow_mut().remove(&id);
+            if let Some(fut) = task {
+                self.poll_task(id, fut);
+            }
+        }
+        self.draining.set(false);
+    }
+}
+
+pub fn spawn(fut: LocalFuture<()>) {
+    EXECUTOR.with(|e| e.spawn(fut));
+}
+
+pub fn drain() {
+    EXECUTOR.with(|e| e.drain());
+}
+
+/// The engine's spawner: background tasks on this thread's executor.
+pub struct Spawner;
+
+impl locco_core::Spawn for Spawner {
+    fn spawn(&self, task: LocalFuture<()>) {
+        spawn(task)
+    }
+}
+
+/// Runs `fut`, turning a panic into `Err(message)`.
+pub struct Guarded<F>(pub Pin<Box<F>>);
+
+impl<F: Future> Future for Guarded<F> {
+    type Output = Result<F::Output, String>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match catch_unwind(AssertUnwindSafe(|| self.0.as_mut().poll(cx))) {
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic_message(panic))),
+        }
+    }
+}
+
+pub fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}

@@ -1,0 +1,198 @@
+//! Engine traits implemented by JavaScript code: adapters, clocks, delay functions, token
+//! sources, event and loss hooks. Each one calls a facade trampoline with an id; the facade
+//! keeps the user's functions.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use locco_core::{
+    Backend, BackendErrorKind, Clock, DelayFn, DelayInput, Error, Event, EventSink, LossListener,
+    LostReason, Op,
+};
+
+use crate::hub::{self, Fn_};
+use crate::ops::{call_host, HostValue};
+
+/// Adapter methods, as numbered for `callAdapter`.
+pub const ACQUIRE: f64 = 0.0;
+pub const RELEASE: f64 = 1.0;
+pub const EXTEND: f64 = 2.0;
+pub const IS_HELD: f64 = 3.0;
+pub const ACQUIRE_FENCED: f64 = 4.0;
+
+/// An adapter written in JavaScript. What it throws comes back as `Error::Foreign`.
+pub struct JsBackend {
+    pub id: u32,
+    pub fenced: bool,
+}
+
+fn protocol(what: &str) -> Error {
+    Error::backend("custom", BackendErrorKind::Protocol, what)
+}
+
+impl JsBackend {
+    fn call(&self, method: f64, key: &str, token: &str, ttl: Option<u32>) -> Op<HostValue> {
+        let ttl = ttl.map_or_else(hub::undefined, |t| hub::num(t as f64));
+        let args = vec![
+            hub::num(self.id as f64),
+            hub::num(method),
+            hub::string(key),
+            hub::string(token),
+            ttl,
+        ];
+        call_host(Fn_::CallAdapter, args)
+    }
+
+    fn boolean(&self, method: f64, key: &str, token: &str, ttl: Option<u32>) -> Op<bool> {
+        let op = self.call(method, key, token, ttl);
+        Op::pending(async move {
+            match op.await? {
+                HostValue::Bool(b) => Ok(b),
+                _ => Err(protocol("the adapter answered something other than a boolean")),
+            }
+        })
+    }
+}
+
+impl Backend for JsBackend {
+    fn name(&self) -> &str {
+        "custom"
+    }
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        self.boolean(ACQUIRE, key, token, Some(ttl))
+    }
+    fn release(&self, key: &str, token: &str) -> Op<bool> {
+        self.boolean(RELEASE, key, token, None)
+    }
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        self.boolean(EXTEND, key, token, Some(ttl))
+    }
+    fn is_held(&self, key: &str, token: &str) -> Op<bool> {
+        self.boolean(IS_HELD, key, token, None)
+    }
+    fn supports_fencing(&self) -> bool {
+        self.fenced
+    }
+    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
+        let op = self.call(ACQUIRE_FENCED, key, token, Some(ttl));
+        Op::pending(async move {
+            match op.await? {
+                HostValue::Null => Ok(None),
+                HostValue::Number(n) if n >= 1.0 && n.fract() == 0.0 && n < 9_007_199_254_740_992.0 => {
+                    Ok(Some(n as u64))
+                }
+                _ => Err(protocol(
+                    "acquireFenced must answer null or a positive integer below 2^53",
+                )),
+            }
+        })
+    }
+}
+
+/// A clock injected as a JavaScript function.
+pub struct JsClock {
+    pub id: u32,
+}
+
+impl Clock for JsClock {
+    fn now(&self) -> f64 {
+        match hub::call(Fn_::Now, &[hub::num(self.id as f64)]) {
+            Ok(v) => hub::get_f64(v).unwrap_or(f64::NAN),
+            Err(_) => f64::NAN,
+        }
+    }
+}
+
+/// A `DelayFn` written in JavaScript (sync or async).
+pub struct JsDelay {
+    pub id: u32,
+}
+
+impl DelayFn for JsDelay {
+    fn delay(&self, input: DelayInput) -> Pin<Box<dyn Future<Output = locco_core::Result<f64>>>> {
+        let args = vec![
+            hub::num(self.id as f64),
+            hub::num(input.attempt as f64),
+            hub::num(input.elapsed_ms),
+            hub::num(input.previous_delay),
+        ];
+        let op = call_host(Fn_::CallDelay, args);
+        Box::pin(async move {
+            match op.await? {
+                HostValue::Number(n) => Ok(n),
+                _ => Err(Error::validation(
+                    "retry.delay",
+                    "the delay function must return a number of ms (or a promise of one)",
+                )),
+            }
+        })
+    }
+}
+
+/// Calls the facade's token source for one Locker.
+pub fn js_token(locker_id: u32) -> locco_core::Result<String> {
+    match hub::call(Fn_::Token, &[hub::num(locker_id as f64)]) {
+        Ok(v) => hub::get_string(v).filter(|s| !s.is_empty()).ok_or_else(|| {
+            Error::validation("token", "the token function must return a non-empty string")
+        }),
+        Err(exc) => {
+            let _ = exc;
+            Err(Error::validation("token", "the token function threw"))
+        }
+    }
+}
+
+/// Forwards events and losses of one Locker to the facade.
+pub struct Hooks {
+    pub locker_id: u32,
+    pub events: bool,
+}
+
+impl EventSink for Hooks {
+    fn emit(&self, event: &Event<'_>) {
+        if !self.events {
+            return;
+        }
+        let (key, ttl, a, b, reason, error): (&str, u32, f64, f64, Option<&str>, Option<&Error>) =
+            match event {
+                Event::Acquired { key, ttl, waited_ms, attempts } => {
+                    (key, *ttl, *waited_ms, *attempts as f64, None, None)
+                }
+                Event::Contended { key, ttl, attempt, elapsed_ms, reason } => {
+                    (key, *ttl, *elapsed_ms, *attempt as f64, Some(reason.as_str()), None)
+                }
+                Event::Extended { key, ttl, held_ms } | Event::Released { key, ttl, held_ms } => {
+                    (key, *ttl, *held_ms, 0.0, None, None)
+                }
+                Event::ExtendFailed { key, ttl, held_ms, error }
+                | Event::ReleaseFailed { key, ttl, held_ms, error } => {
+                    (key, *ttl, *held_ms, 0.0, None, Some(*error))
+                }
+                Event::Lost { key, ttl, held_ms, reason, error } => {
+                    (key, *ttl, *held_ms, 0.0, Some(reason.as_str()), *error)
+                }
+            };
+        let args = [
+            hub::num(self.locker_id as f64),
+            hub::string(event.kind()),
+            hub::string(key),
+            hub::num(ttl as f64),
+            hub::num(a),
+            hub::num(b),
+            reason.map_or_else(hub::undefined, hub::string),
+            error.map_or_else(hub::undefined, hub::error_value),
+        ];
+        let _ = hub::call(Fn_::Event, &args);
+    }
+}
+
+impl LossListener for Hooks {
+    fn lost(&self, lock_id: u64, reason: LostReason, cause: Option<&Error>) {
+        let args = [
+            hub::num(lock_id as f64),
+            hub::string(reason.as_str()),
+            cause.map_or_else(hub::undefined, hub::error_value),
+        ];
+        let _ = hub::call(Fn_::Lost, &args);
+    }
+}

@@ -1,0 +1,204 @@
+//! Operations as JavaScript sees them: a value at once when the engine finished within the
+//! call, `PENDING` and a later `settle(opId, …)` when it did not, `FAILED` and `takeError()`
+//! when it failed at once. No promise is made on the Rust side: the facade makes one only
+//! when it must wait.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use locco_core::{Error, Op};
+use napi::bindgen_prelude::{ToNapiValue, TypeName, ValidateNapiValue};
+use napi::{sys, ValueType};
+
+use crate::executor::{self, Guarded};
+use crate::hub::{self, Fn_};
+
+pub const PENDING: f64 = -1.0;
+pub const FAILED: f64 = -2.0;
+
+/// A raw JavaScript value handed back from an export.
+pub struct Raw(pub sys::napi_value);
+
+impl ToNapiValue for Raw {
+    unsafe fn to_napi_value(_env: sys::napi_env, val: Self) -> napi::Result<sys::napi_value> {
+        Ok(val.0)
+    }
+}
+
+impl TypeName for Raw {
+    fn type_name() -> &'static str {
+        "unknown"
+    }
+    fn value_type() -> ValueType {
+        ValueType::Unknown
+    }
+}
+
+impl ValidateNapiValue for Raw {}
+
+/// What an operation answers.
+pub enum Answer {
+    Number(f64),
+    Bool(bool),
+    Null,
+    Undefined,
+    Numbers(Vec<f64>),
+}
+
+impl Answer {
+    fn to_js(&self) -> sys::napi_value {
+        match self {
+            Answer::Number(n) => hub::num(*n),
+            Answer::Bool(b) => hub::boolean(*b),
+            Answer::Null => hub::null(),
+            Answer::Undefined => hub::undefined(),
+            Answer::Numbers(ns) => {
+                let env = hub::env();
+                let mut arr = std::ptr::null_mut();
+                unsafe {
+                    sys::napi_create_array_with_length(env, ns.len(), &mut arr);
+                    for (i, n) in ns.iter().enumerate() {
+                        sys::napi_set_element(env, arr, i as u32, hub::num(*n));
+                    }
+                }
+                arr
+            }
+        }
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<Option<Error>> = const { RefCell::new(None) };
+}
+
+/// The error of the last export that answered `FAILED`, as a JavaScript value.
+pub fn take_error() -> Raw {
+    let err = LAST_ERROR.with(|e| e.borrow_mut().take());
+    Raw(match err {
+        Some(e) => hub::error_value(&e),
+        None => hub::undefined(),
+    })
+}
+
+/// Answers `FAILED` now, keeping `err` for `takeError()`.
+pub fn fail(err: Error) -> Raw {
+    LAST_ERROR.with(|e| *e.borrow_mut() = Some(err));
+    Raw(hub::num(FAILED))
+}
+
+fn flatten(r: Result<Result<Answer, Error>, String>) -> Result<Answer, Error> {
+    r.unwrap_or_else(|panic| Err(Error::Internal(format!("panic in the lock engine: {panic}"))))
+}
+
+/// Runs an engine operation for JavaScript (see the module docs).
+pub fn run(op_id: f64, fut: impl Future<Output = Result<Answer, Error>> + 'static) -> Raw {
+    let early: Rc<RefCell<Option<Result<Answer, Error>>>> = Rc::default();
+    let returned = Rc::new(Cell::new(false));
+    let (early2, returned2) = (early.clone(), returned.clone());
+    executor::spawn(Box::pin(async move {
+        let result = flatten(Guarded(Box::pin(fut)).await);
+        if !returned2.get() {
+            *early2.borrow_mut() = Some(result);
+            return;
+        }
+        let (value, is_error) = match &result {
+            Ok(a) => (a.to_js(), false),
+            Err(e) => (hub::error_value(e), true),
+        };
+        let _ = hub::call(
+            Fn_::Settle,
+            &[hub::num(op_id), value, hub::boolean(is_error)],
+        );
+    }));
+    executor::drain();
+    returned.set(true);
+    let done = early.borrow_mut().take();
+    match done {
+        None => Raw(hub::num(PENDING)),
+        Some(Ok(a)) => Raw(a.to_js()),
+        Some(Err(e)) => fail(e),
+    }
+}
+
+/// Values that JavaScript code (an adapter, a delay function) answers with.
+pub enum HostValue {
+    Bool(bool),
+    Number(f64),
+    Null,
+}
+
+#[derive(Default)]
+struct Slot {
+    value: Option<Result<HostValue, Error>>,
+    waker: Option<Waker>,
+}
+
+thread_local! {
+    static WAITING: RefCell<HashMap<u64, Rc<RefCell<Slot>>>> = RefCell::default();
+    static NEXT_OP: Cell<u64> = const { Cell::new(1) };
+}
+
+/// Calls JavaScript through `which` with `args` plus a fresh op id, and waits for
+/// `done(opId, …)`. Dropping the future forgets the op; a late answer is then ignored.
+pub fn call_host(which: Fn_, mut args: Vec<sys::napi_value>) -> Op<HostValue> {
+    let id = NEXT_OP.with(|n| n.replace(n.get() + 1));
+    let slot: Rc<RefCell<Slot>> = Rc::default();
+    WAITING.with(|w| w.borrow_mut().insert(id, slot.clone()));
+    args.push(hub::num(id as f64));
+    if let Err(exc) = hub::call(which, &args) {
+        WAITING.with(|w| w.borrow_mut().remove(&id));
+        return Op::ready(Err(Error::Internal(format!(
+            "the facade's trampoline threw: {:?}",
+            hub::get_string(exc)
+        ))));
+    }
+    if let Some(v) = slot.borrow_mut().value.take() {
+        WAITING.with(|w| w.borrow_mut().remove(&id));
+        return Op::ready(v);
+    }
+    Op::pending(HostCall { id, slot })
+}
+
+struct HostCall {
+    id: u64,
+    slot: Rc<RefCell<Slot>>,
+}
+
+impl Future for HostCall {
+    type Output = Result<HostValue, Error>;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let mut slot = self.slot.borrow_mut();
+        match slot.value.take() {
+            Some(v) => Poll::Ready(v),
+            None => {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for HostCall {
+    fn drop(&mut self) {
+        WAITING.with(|w| w.borrow_mut().remove(&self.id));
+    }
+}
+
+/// JavaScript's answer to a `call_host`. `false` when nobody waits for it any more.
+pub fn host_done(id: f64, value: Result<HostValue, Error>) -> bool {
+    let slot = WAITING.with(|w| w.borrow().get(&(id as u64)).cloned());
+    let Some(slot) = slot else { return false };
+    let waker = {
+        let mut s = slot.borrow_mut();
+        s.value = Some(value);
+        s.waker.take()
+    };
+    if let Some(w) = waker {
+        w.wake();
+    }
+    executor::drain();
+    true
+}

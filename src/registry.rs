@@ -1,0 +1,525 @@
+//! The native objects JavaScript refers to by number: adapters, lockers, locks, abort
+//! handles and delay functions, with the exports that act on them.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use locco_core::{
+    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Backoff, Delay, Error, Lock,
+    LockState, Locker, LockerOptions, MemoryBackend, RetryOverrides, Runtime,
+};
+use napi_derive::napi;
+
+use crate::executor::Spawner;
+use crate::host::{self, Hooks, JsBackend, JsClock, JsDelay};
+use crate::ops::{self, Answer, Raw};
+
+enum Adapter {
+    Memory(Rc<MemoryBackend>),
+    Js(Rc<JsBackend>),
+}
+
+impl Adapter {
+    fn backend(&self) -> Rc<dyn Backend> {
+        match self {
+            Adapter::Memory(m) => m.clone(),
+            Adapter::Js(j) => j.clone(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    next: u32,
+    adapters: HashMap<u32, Adapter>,
+    lockers: HashMap<u32, Locker>,
+    locks: HashMap<u64, Lock>,
+    aborts: HashMap<u32, Abort>,
+    delays: HashMap<u32, Delay>,
+}
+
+thread_local! {
+    static REG: RefCell<Registry> = RefCell::default();
+}
+
+fn next_id() -> u32 {
+    REG.with(|r| {
+        let mut r = r.borrow_mut();
+        r.next += 1;
+        r.next
+    })
+}
+
+fn adapter(id: u32) -> Result<Rc<dyn Backend>, Error> {
+    REG.with(|r| r.borrow().adapters.get(&id).map(Adapter::backend))
+        .ok_or_else(|| Error::validation("adapter", "is not a locco-rs adapter (unknown id)"))
+}
+
+fn locker(id: u32) -> Result<Locker, Error> {
+    REG.with(|r| r.borrow().lockers.get(&id).cloned())
+        .ok_or_else(|| Error::Internal(format!("unknown locker {id}")))
+}
+
+fn lock(id: f64) -> Option<Lock> {
+    REG.with(|r| r.borrow().locks.get(&(id as u64)).cloned())
+}
+
+fn keep(lock: Lock) -> f64 {
+    let id = lock.id();
+    REG.with(|r| r.borrow_mut().locks.insert(id, lock));
+    id as f64
+}
+
+/// An in-memory adapter. `clock_id`: an injected clock (see `now`), else the monotonic clock.
+#[napi(catch_unwind)]
+pub fn create_memory_adapter(clock_id: Option<u32>) -> u32 {
+    let backend = match clock_id {
+        Some(id) => MemoryBackend::new(Rc::new(JsClock { id })),
+        None => MemoryBackend::default(),
+    };
+    let id = next_id();
+    REG.with(|r| r.borrow_mut().adapters.insert(id, Adapter::Memory(Rc::new(backend))));
+    id
+}
+
+/// Forgets every lock of an in-memory adapter; its fencing counters stay.
+#[napi(catch_unwind)]
+pub fn memory_clear(adapter_id: u32) {
+    let backend = REG.with(|r| match r.borrow().adapters.get(&adapter_id) {
+        Some(Adapter::Memory(m)) => Some(m.clone()),
+        _ => None,
+    });
+    if let Some(m) = backend {
+        m.clear();
+    }
+    crate::executor::drain();
+}
+
+/// An adapter written in JavaScript; the facade keeps its object under the returned id.
+#[napi(catch_unwind)]
+pub fn create_js_adapter(fenced: bool) -> u32 {
+    let id = next_id();
+    let backend = Rc::new(JsBackend { id, fenced });
+    REG.with(|r| r.borrow_mut().adapters.insert(id, Adapter::Js(backend)));
+    id
+}
+
+/// Calls one method of a built-in adapter directly (`method` as in `host::ACQUIRE`…).
+#[napi(catch_unwind)]
+pub fn adapter_call(adapter_id: u32, method: f64, key: String, token: String, ttl: f64, op_id: f64) -> Raw {
+    let backend = match adapter(adapter_id) {
+        Ok(b) => b,
+        Err(e) => return ops::fail(e),
+    };
+    let ttl_ok = || validate_ttl("ttl", ttl).map(|()| ttl as u32);
+    let fut: std::pin::Pin<Box<dyn std::future::Future<Output = Result<Answer, Error>>>> =
+        match method {
+            m if m == host::ACQUIRE => match ttl_ok() {
+                Ok(t) => {
+                    let op = backend.acquire(&key, &token, t);
+                    Box::pin(async move { op.await.map(Answer::Bool) })
+                }
+                Err(e) => return ops::fail(e),
+            },
+            m if m == host::RELEASE => {
+                let op = backend.release(&key, &token);
+                Box::pin(async move { op.await.map(Answer::Bool) })
+            }
+            m if m == host::EXTEND => match ttl_ok() {
+                Ok(t) => {
+                    let op = backend.extend(&key, &token, t);
+                    Box::pin(async move { op.await.map(Answer::Bool) })
+                }
+                Err(e) => return ops::fail(e),
+            },
+            m if m == host::IS_HELD => {
+                let op = backend.is_held(&key, &token);
+                Box::pin(async move { op.await.map(Answer::Bool) })
+            }
+            _ => match ttl_ok() {
+                Ok(t) => {
+                    let op = backend.acquire_fenced(&key, &token, t);
+                    Box::pin(async move {
+                        op.await.map(|f| f.map_or(Answer::Null, |n| Answer::Number(n as f64)))
+                    })
+                }
+                Err(e) => return ops::fail(e),
+            },
+        };
+    ops::run(op_id, fut)
+}
+
+/// A native exponential backoff; answers a delay id.
+#[napi(catch_unwind)]
+pub fn create_backoff(base: f64, max: f64, factor: f64, jitter: bool) -> Raw {
+    match Backoff::new(base, max).and_then(|b| {
+        let b = b.with_factor(factor).with_jitter(jitter);
+        b.validate().map(|()| b)
+    }) {
+        Ok(b) => {
+            let id = next_id();
+            REG.with(|r| r.borrow_mut().delays.insert(id, Delay::Backoff(b)));
+            Raw(crate::hub::num(id as f64))
+        }
+        Err(e) => ops::fail(e),
+    }
+}
+
+/// A delay function written in JavaScript; the facade keeps it under the returned id.
+#[napi(catch_unwind)]
+pub fn create_delay_fn() -> u32 {
+    let id = next_id();
+    REG.with(|r| r.borrow_mut().delays.insert(id, Delay::Custom(Rc::new(JsDelay { id }))));
+    id
+}
+
+fn retry_layer(
+    retries: Option<f64>,
+    delay_ms: Option<f64>,
+    delay_id: Option<u32>,
+    timeout: Option<f64>,
+) -> Result<RetryOverrides, Error> {
+    let retries = match retries {
+        None => None,
+        Some(r) if r == f64::INFINITY => Some(None),
+        Some(r) if r >= 0.0 && r.fract() == 0.0 && r <= u32::MAX as f64 => Some(Some(r as u32)),
+        Some(r) => {
+            return Err(Error::validation(
+                "retry.retries",
+                format!("must be a whole number >= 0 or Infinity, got {r}"),
+            ))
+        }
+    };
+    let delay = match (delay_ms, delay_id) {
+        (_, Some(id)) => Some(
+            REG.with(|r| r.borrow().delays.get(&id).cloned())
+                .ok_or_else(|| Error::Internal(format!("unknown delay {id}")))?,
+        ),
+        (Some(ms), None) if ms.is_finite() && ms >= 0.0 => Some(Delay::Fixed(ms)),
+        (Some(ms), None) => {
+            return Err(Error::validation(
+                "retry.delay",
+                format!("must be a finite number >= 0 or a function, got {ms}"),
+            ))
+        }
+        (None, None) => None,
+    };
+    let timeout = match timeout {
+        None => None,
+        Some(t) if t == f64::INFINITY => Some(None),
+        Some(t) if t.is_finite() && t >= 0.0 => Some(Some(t)),
+        Some(t) => {
+            return Err(Error::validation(
+                "retry.timeout",
+                format!("must be a number of ms >= 0, got {t}"),
+            ))
+        }
+    };
+    Ok(RetryOverrides {
+        retries,
+        delay,
+        timeout,
+    })
+}
+
+/// A Locker over adapter `adapter_id`. `clock_id` and `custom_token` say whether the facade
+/// injects a clock or a token source; `events` whether anyone listens to events.
+#[napi(catch_unwind)]
+#[allow(clippy::too_many_arguments)]
+pub fn create_locker(
+    adapter_id: u32,
+    key_prefix: String,
+    fencing: bool,
+    retries: Option<f64>,
+    delay_ms: Option<f64>,
+    delay_id: Option<u32>,
+    timeout: Option<f64>,
+    events: bool,
+    clock_id: Option<u32>,
+    custom_token: bool,
+) -> Raw {
+    let build = || -> Result<u32, Error> {
+        let backend = adapter(adapter_id)?;
+        let id = next_id();
+        let hooks = Rc::new(Hooks { locker_id: id, events });
+        let mut rt = Runtime::system(Rc::new(Spawner));
+        if let Some(clock) = clock_id {
+            rt = rt.with_clock(Rc::new(JsClock { id: clock }));
+        }
+        let options = LockerOptions {
+            key_prefix,
+            fencing,
+            retry: retry_layer(retries, delay_ms, delay_id, timeout)?,
+            events: events.then(|| hooks.clone() as _),
+            loss: Some(hooks),
+            token: custom_token.then(|| Rc::new(move || host::js_token(id)) as _),
+        };
+        let locker = Locker::new(backend, rt, options)?;
+        REG.with(|r| r.borrow_mut().lockers.insert(id, locker));
+        Ok(id)
+    };
+    match build() {
+        Ok(id) => Raw(crate::hub::num(id as f64)),
+        Err(e) => ops::fail(e),
+    }
+}
+
+/// Builds one acquisition's options from the call's fields over the Locker's policy.
+#[allow(clippy::too_many_arguments)]
+fn acquire_options(
+    locker: &Locker,
+    ttl: f64,
+    retries: Option<f64>,
+    delay_ms: Option<f64>,
+    delay_id: Option<u32>,
+    timeout: Option<f64>,
+    auto_extend: bool,
+    interval: Option<f64>,
+    max_hold: Option<f64>,
+    max_lag: Option<f64>,
+) -> Result<AcquireOptions, Error> {
+    validate_ttl("ttl", ttl)?;
+    let retry = locker.retry().clone().merged(&retry_layer(retries, delay_ms, delay_id, timeout)?);
+    let mut options = AcquireOptions::new(ttl as u32).with_retry(retry);
+    if auto_extend {
+        let max_hold = max_hold.ok_or_else(|| {
+            Error::validation(
+                "autoExtend.maxHold",
+                "is required with autoExtend: a heartbeat needs a deadline",
+            )
+        })?;
+        options = options.with_auto_extend(AutoExtend {
+            interval,
+            max_hold,
+            max_event_loop_lag: max_lag,
+        });
+    }
+    options.validate()?;
+    Ok(options)
+}
+
+/// Acquires a key. `mode`: 0 acquire (retries), 1 tryAcquire (one attempt, null when held).
+/// Answers the lock id (or null).
+#[napi(catch_unwind)]
+#[allow(clippy::too_many_arguments)]
+pub fn acquire(
+    locker_id: u32,
+    mode: u32,
+    key: String,
+    ttl: f64,
+    retries: Option<f64>,
+    delay_ms: Option<f64>,
+    delay_id: Option<u32>,
+    timeout: Option<f64>,
+    auto_extend: bool,
+    interval: Option<f64>,
+    max_hold: Option<f64>,
+    max_lag: Option<f64>,
+    abort_id: Option<u32>,
+    op_id: f64,
+) -> Raw {
+    let prepared = locker(locker_id).and_then(|l| {
+        let o = acquire_options(
+            &l, ttl, retries, delay_ms, delay_id, timeout, auto_extend, interval, max_hold, max_lag,
+        )?;
+        Ok((l, o))
+    });
+    let (locker, options) = match prepared {
+        Ok(p) => p,
+        Err(e) => return ops::fail(e),
+    };
+    let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&id).cloned()));
+    ops::run(op_id, async move {
+        if mode == 1 {
+            let lock = locker.try_acquire(&key, options).await?;
+            Ok(lock.map_or(Answer::Null, |l| Answer::Number(keep(l))))
+        } else {
+            let lock = locker.acquire(&key, options, abort).await?;
+            Ok(Answer::Number(keep(lock)))
+        }
+    })
+}
+
+/// Acquires a set of keys; answers their lock ids in key order.
+#[napi(catch_unwind)]
+#[allow(clippy::too_many_arguments)]
+pub fn acquire_many(
+    locker_id: u32,
+    keys: Vec<String>,
+    ttl: f64,
+    retries: Option<f64>,
+    delay_ms: Option<f64>,
+    delay_id: Option<u32>,
+    timeout: Option<f64>,
+    auto_extend: bool,
+    interval: Option<f64>,
+    max_hold: Option<f64>,
+    max_lag: Option<f64>,
+    abort_id: Option<u32>,
+    op_id: f64,
+) -> Raw {
+    let prepared = locker(locker_id).and_then(|l| {
+        let o = acquire_options(
+            &l, ttl, retries, delay_ms, delay_id, timeout, auto_extend, interval, max_hold, max_lag,
+        )?;
+        Ok((l, o))
+    });
+    let (locker, options) = match prepared {
+        Ok(p) => p,
+        Err(e) => return ops::fail(e),
+    };
+    let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&id).cloned()));
+    ops::run(op_id, async move {
+        let locks = locker.acquire_many(&keys, options, abort).await?;
+        Ok(Answer::Numbers(locks.into_iter().map(keep).collect()))
+    })
+}
+
+/// A fresh abort handle for one acquisition.
+#[napi(catch_unwind)]
+pub fn create_abort() -> u32 {
+    let id = next_id();
+    REG.with(|r| r.borrow_mut().aborts.insert(id, Abort::new()));
+    id
+}
+
+/// Fires an abort handle (the caller's `AbortSignal` aborted).
+#[napi(catch_unwind)]
+pub fn abort(abort_id: u32) {
+    let a = REG.with(|r| r.borrow().aborts.get(&abort_id).cloned());
+    if let Some(a) = a {
+        a.abort();
+    }
+    crate::executor::drain();
+}
+
+/// Forgets an abort handle once its acquisition is over.
+#[napi(catch_unwind)]
+pub fn drop_abort(abort_id: u32) {
+    REG.with(|r| r.borrow_mut().aborts.remove(&abort_id));
+}
+
+/// The state of a lock, read on the clock: 0 held, 1 lost, 2 released, -1 unknown.
+#[napi(catch_unwind)]
+pub fn lock_state(lock_id: f64) -> i32 {
+    let state = lock(lock_id).map(|l| l.state());
+    crate::executor::drain();
+    match state {
+        Some(LockState::Held) => 0,
+        Some(LockState::Lost) => 1,
+        Some(LockState::Released) => 2,
+        None => -1,
+    }
+}
+
+/// Why a lock was lost, or undefined.
+#[napi(catch_unwind)]
+pub fn lock_lost_reason(lock_id: f64) -> Option<String> {
+    let reason = lock(lock_id).and_then(|l| l.lost_reason());
+    crate::executor::drain();
+    reason.map(|r| r.as_str().to_string())
+}
+
+/// What caused the loss (the last extension error), or undefined.
+#[napi(catch_unwind)]
+pub fn lock_lost_cause(lock_id: f64) -> Raw {
+    match lock(lock_id).and_then(|l| l.lost_cause()) {
+        Some(e) => Raw(crate::hub::error_value(&e)),
+        None => Raw(crate::hub::undefined()),
+    }
+}
+
+#[napi(catch_unwind)]
+pub fn lock_held_ms(lock_id: f64) -> f64 {
+    let ms = lock(lock_id).map_or(0.0, |l| l.held_ms());
+    crate::executor::drain();
+    ms
+}
+
+#[napi(catch_unwind)]
+pub fn lock_token(lock_id: f64) -> Option<String> {
+    lock(lock_id).map(|l| l.token().to_string())
+}
+
+#[napi(catch_unwind)]
+pub fn lock_fence(lock_id: f64) -> Option<f64> {
+    lock(lock_id).and_then(|l| l.fence()).map(|f| f as f64)
+}
+
+#[napi(catch_unwind)]
+pub fn lock_ttl(lock_id: f64) -> f64 {
+    lock(lock_id).map_or(0.0, |l| l.ttl() as f64)
+}
+
+/// Reports this lock's loss from a timer from now on (its signal has a listener).
+#[napi(catch_unwind)]
+pub fn lock_watch(lock_id: f64) {
+    if let Some(l) = lock(lock_id) {
+        l.watch();
+    }
+    crate::executor::drain();
+}
+
+/// Stops a lock's heartbeat for good.
+#[napi(catch_unwind)]
+pub fn lock_stop_heartbeat(lock_id: f64) {
+    if let Some(l) = lock(lock_id) {
+        l.stop_heartbeat();
+    }
+}
+
+/// Forgets a lock the facade no longer refers to.
+#[napi(catch_unwind)]
+pub fn drop_lock(lock_id: f64) {
+    REG.with(|r| r.borrow_mut().locks.remove(&(lock_id as u64)));
+}
+
+fn with_lock(lock_id: f64, op_id: f64, f: impl FnOnce(Lock) -> Raw) -> Raw {
+    match lock(lock_id) {
+        Some(l) => f(l),
+        None => ops::run(op_id, async { Err(Error::State("this lock is no longer known".into())) }),
+    }
+}
+
+/// Releases a lock; answers whether our key was deleted. `final_attempt`: nobody will try
+/// again (await using, withLock), so a failure also stops the heartbeat.
+#[napi(catch_unwind)]
+pub fn release(lock_id: f64, final_attempt: bool, op_id: f64) -> Raw {
+    with_lock(lock_id, op_id, |l| {
+        ops::run(op_id, async move { l.release(final_attempt).await.map(Answer::Bool) })
+    })
+}
+
+/// Extends a lock to a new lease of `ttl` ms from now.
+#[napi(catch_unwind)]
+pub fn extend(lock_id: f64, ttl: f64, op_id: f64) -> Raw {
+    if let Err(e) = validate_ttl("ttl", ttl) {
+        return ops::fail(e);
+    }
+    with_lock(lock_id, op_id, |l| {
+        ops::run(op_id, async move { l.extend(ttl as u32).await.map(|()| Answer::Undefined) })
+    })
+}
+
+/// One look at the backend.
+#[napi(catch_unwind)]
+pub fn is_held(lock_id: f64, op_id: f64) -> Raw {
+    with_lock(lock_id, op_id, |l| {
+        ops::run(op_id, async move { l.is_held().await.map(Answer::Bool) })
+    })
+}
+
+#[napi(catch_unwind)]
+pub fn lock_key(lock_id: f64) -> Option<String> {
+    lock(lock_id).map(|l| l.key().to_string())
+}
+
+/// The wait a native backoff gives before the attempt after `attempt`.
+#[napi(catch_unwind)]
+pub fn backoff_delay(delay_id: u32, attempt: u32) -> f64 {
+    match REG.with(|r| r.borrow().delays.get(&delay_id).cloned()) {
+        Some(Delay::Backoff(b)) => b.delay(attempt),
+        _ => f64::NAN,
+    }
+}
