@@ -83,12 +83,24 @@ function lostError(key, reason, cause) {
   return new LockLostError(`lock ${JSON.stringify(key)} was lost (${reason})`, { key, reason, cause });
 }
 
+/** True for the common call `acquire('key', { ttl })`, which takes the short native path. */
+function isTtlOnly(key, options) {
+  return (
+    typeof key === 'string' &&
+    isObject(options) &&
+    typeof options.ttl === 'number' &&
+    options.retry === undefined &&
+    options.autoExtend === undefined &&
+    options.signal === undefined
+  );
+}
+
 /** A held lease. Read `state`, `signal` or `lostReason` before a write that matters. */
 class Lock {
-  constructor(locker, id, key, retry) {
+  constructor(locker, id, key, callRetry) {
     this._locker = locker;
     this._id = id;
-    this._retry = retry;
+    this._callRetry = callRetry;
     this._controller = undefined;
     this._released = undefined;
     Object.defineProperty(this, 'key', { value: key, enumerable: true });
@@ -104,8 +116,9 @@ class Lock {
   get ttl() {
     return native.lockTtl(this._id);
   }
+  /** The merged retry policy: built-in defaults, then the Locker's, then the call's. */
   get retry() {
-    return this._retry;
+    return mergeRetry(this._locker._retry, this._callRetry);
   }
   get state() {
     return STATES[native.lockState(this._id)];
@@ -276,12 +289,18 @@ class Locker {
 
   _acquire(mode, key, options, signal) {
     try {
-      const args = this._args(key, options, signal, mode === 1);
-      const start = (abortId) => {
+      let r;
+      if (isTtlOnly(key, options)) {
         const opId = nextOpId();
-        return answer(native.acquire(this._id, mode, ...args, abortId, opId), opId);
-      };
-      const r = signal === undefined ? start(undefined) : this._withSignal(signal, start);
+        r = answer(native.acquireTtl(this._id, mode, key, options.ttl, opId), opId);
+      } else {
+        const args = this._args(key, options, signal, mode === 1);
+        const start = (abortId) => {
+          const opId = nextOpId();
+          return answer(native.acquire(this._id, mode, ...args, abortId, opId), opId);
+        };
+        r = signal === undefined ? start(undefined) : this._withSignal(signal, start);
+      }
       if (typeof r === 'number') return Promise.resolve(this._lock(r, key, options));
       if (r === null) return Promise.resolve(null);
       return r.then((id) => (id === null ? null : this._lock(id, key, options)));
@@ -353,7 +372,7 @@ class Locker {
 
   _lock(id, key, options) {
     const fullKey = key === undefined ? native.lockKey(id) : this._prefix + key;
-    return new Lock(this, id, fullKey, mergeRetry(this._retry, options.retry));
+    return new Lock(this, id, fullKey, options.retry);
   }
 
   /**

@@ -43,7 +43,11 @@ impl Wake for TaskWaker {
             EXECUTOR.with(|e| e.ready.borrow_mut().push_back(self.id));
             return;
         }
-        self.remote.queue.lock().unwrap_or_else(|e| e.into_inner()).push(self.id);
+        self.remote
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.id);
         if !self.remote.scheduled.swap(true, Ordering::AcqRel) {
             if let Some(wake) = self.remote.wake.get() {
                 wake.call((), ThreadsafeFunctionCallMode::NonBlocking);

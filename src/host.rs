@@ -48,7 +48,9 @@ impl JsBackend {
         Op::pending(async move {
             match op.await? {
                 HostValue::Bool(b) => Ok(b),
-                _ => Err(protocol("the adapter answered something other than a boolean")),
+                _ => Err(protocol(
+                    "the adapter answered something other than a boolean",
+                )),
             }
         })
     }
@@ -78,7 +80,9 @@ impl Backend for JsBackend {
         Op::pending(async move {
             match op.await? {
                 HostValue::Null => Ok(None),
-                HostValue::Number(n) if n >= 1.0 && n.fract() == 0.0 && n < 9_007_199_254_740_992.0 => {
+                HostValue::Number(n)
+                    if n >= 1.0 && n.fract() == 0.0 && n < 9_007_199_254_740_992.0 =>
+                {
                     Ok(Some(n as u64))
                 }
                 _ => Err(protocol(
@@ -155,22 +159,48 @@ impl EventSink for Hooks {
         }
         let (key, ttl, a, b, reason, error): (&str, u32, f64, f64, Option<&str>, Option<&Error>) =
             match event {
-                Event::Acquired { key, ttl, waited_ms, attempts } => {
-                    (key, *ttl, *waited_ms, *attempts as f64, None, None)
-                }
-                Event::Contended { key, ttl, attempt, elapsed_ms, reason } => {
-                    (key, *ttl, *elapsed_ms, *attempt as f64, Some(reason.as_str()), None)
-                }
+                Event::Acquired {
+                    key,
+                    ttl,
+                    waited_ms,
+                    attempts,
+                } => (key, *ttl, *waited_ms, *attempts as f64, None, None),
+                Event::Contended {
+                    key,
+                    ttl,
+                    attempt,
+                    elapsed_ms,
+                    reason,
+                } => (
+                    key,
+                    *ttl,
+                    *elapsed_ms,
+                    *attempt as f64,
+                    Some(reason.as_str()),
+                    None,
+                ),
                 Event::Extended { key, ttl, held_ms } | Event::Released { key, ttl, held_ms } => {
                     (key, *ttl, *held_ms, 0.0, None, None)
                 }
-                Event::ExtendFailed { key, ttl, held_ms, error }
-                | Event::ReleaseFailed { key, ttl, held_ms, error } => {
-                    (key, *ttl, *held_ms, 0.0, None, Some(*error))
+                Event::ExtendFailed {
+                    key,
+                    ttl,
+                    held_ms,
+                    error,
                 }
-                Event::Lost { key, ttl, held_ms, reason, error } => {
-                    (key, *ttl, *held_ms, 0.0, Some(reason.as_str()), *error)
-                }
+                | Event::ReleaseFailed {
+                    key,
+                    ttl,
+                    held_ms,
+                    error,
+                } => (key, *ttl, *held_ms, 0.0, None, Some(*error)),
+                Event::Lost {
+                    key,
+                    ttl,
+                    held_ms,
+                    reason,
+                    error,
+                } => (key, *ttl, *held_ms, 0.0, Some(reason.as_str()), *error),
             };
         let args = [
             hub::num(self.locker_id as f64),

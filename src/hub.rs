@@ -47,7 +47,9 @@ pub fn set_env(env: sys::napi_env) {
 
 pub fn register(env: sys::napi_env, fns: &[sys::napi_value]) -> napi::Result<()> {
     if fns.len() != COUNT {
-        return Err(napi::Error::from_reason("init: wrong number of trampolines"));
+        return Err(napi::Error::from_reason(
+            "init: wrong number of trampolines",
+        ));
     }
     set_env(env);
     let refs = fns

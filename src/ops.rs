@@ -90,7 +90,11 @@ pub fn fail(err: Error) -> Raw {
 }
 
 fn flatten(r: Result<Result<Answer, Error>, String>) -> Result<Answer, Error> {
-    r.unwrap_or_else(|panic| Err(Error::Internal(format!("panic in the lock engine: {panic}"))))
+    r.unwrap_or_else(|panic| {
+        Err(Error::Internal(format!(
+            "panic in the lock engine: {panic}"
+        )))
+    })
 }
 
 /// Runs an engine operation for JavaScript (see the module docs).

@@ -79,7 +79,11 @@ pub fn create_memory_adapter(clock_id: Option<u32>) -> u32 {
         None => MemoryBackend::default(),
     };
     let id = next_id();
-    REG.with(|r| r.borrow_mut().adapters.insert(id, Adapter::Memory(Rc::new(backend))));
+    REG.with(|r| {
+        r.borrow_mut()
+            .adapters
+            .insert(id, Adapter::Memory(Rc::new(backend)))
+    });
     id
 }
 
@@ -107,7 +111,14 @@ pub fn create_js_adapter(fenced: bool) -> u32 {
 
 /// Calls one method of a built-in adapter directly (`method` as in `host::ACQUIRE`…).
 #[napi(catch_unwind)]
-pub fn adapter_call(adapter_id: u32, method: f64, key: String, token: String, ttl: f64, op_id: f64) -> Raw {
+pub fn adapter_call(
+    adapter_id: u32,
+    method: f64,
+    key: String,
+    token: String,
+    ttl: f64,
+    op_id: f64,
+) -> Raw {
     let backend = match adapter(adapter_id) {
         Ok(b) => b,
         Err(e) => return ops::fail(e),
@@ -141,7 +152,8 @@ pub fn adapter_call(adapter_id: u32, method: f64, key: String, token: String, tt
                 Ok(t) => {
                     let op = backend.acquire_fenced(&key, &token, t);
                     Box::pin(async move {
-                        op.await.map(|f| f.map_or(Answer::Null, |n| Answer::Number(n as f64)))
+                        op.await
+                            .map(|f| f.map_or(Answer::Null, |n| Answer::Number(n as f64)))
                     })
                 }
                 Err(e) => return ops::fail(e),
@@ -170,7 +182,11 @@ pub fn create_backoff(base: f64, max: f64, factor: f64, jitter: bool) -> Raw {
 #[napi(catch_unwind)]
 pub fn create_delay_fn() -> u32 {
     let id = next_id();
-    REG.with(|r| r.borrow_mut().delays.insert(id, Delay::Custom(Rc::new(JsDelay { id }))));
+    REG.with(|r| {
+        r.borrow_mut()
+            .delays
+            .insert(id, Delay::Custom(Rc::new(JsDelay { id })))
+    });
     id
 }
 
@@ -242,7 +258,10 @@ pub fn create_locker(
     let build = || -> Result<u32, Error> {
         let backend = adapter(adapter_id)?;
         let id = next_id();
-        let hooks = Rc::new(Hooks { locker_id: id, events });
+        let hooks = Rc::new(Hooks {
+            locker_id: id,
+            events,
+        });
         let mut rt = Runtime::system(Rc::new(Spawner));
         if let Some(clock) = clock_id {
             rt = rt.with_clock(Rc::new(JsClock { id: clock }));
@@ -280,7 +299,10 @@ fn acquire_options(
     max_lag: Option<f64>,
 ) -> Result<AcquireOptions, Error> {
     validate_ttl("ttl", ttl)?;
-    let retry = locker.retry().clone().merged(&retry_layer(retries, delay_ms, delay_id, timeout)?);
+    let retry = locker
+        .retry()
+        .clone()
+        .merged(&retry_layer(retries, delay_ms, delay_id, timeout)?);
     let mut options = AcquireOptions::new(ttl as u32).with_retry(retry);
     if auto_extend {
         let max_hold = max_hold.ok_or_else(|| {
@@ -321,7 +343,16 @@ pub fn acquire(
 ) -> Raw {
     let prepared = locker(locker_id).and_then(|l| {
         let o = acquire_options(
-            &l, ttl, retries, delay_ms, delay_id, timeout, auto_extend, interval, max_hold, max_lag,
+            &l,
+            ttl,
+            retries,
+            delay_ms,
+            delay_id,
+            timeout,
+            auto_extend,
+            interval,
+            max_hold,
+            max_lag,
         )?;
         Ok((l, o))
     });
@@ -330,6 +361,32 @@ pub fn acquire(
         Err(e) => return ops::fail(e),
     };
     let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&id).cloned()));
+    start_acquire(locker, mode, key, options, abort, op_id)
+}
+
+/// `acquire` with only a ttl: the Locker's retry policy, no heartbeat, no signal. The common
+/// call, kept to five arguments because each argument costs a conversion.
+#[napi(catch_unwind)]
+pub fn acquire_ttl(locker_id: u32, mode: u32, key: String, ttl: f64, op_id: f64) -> Raw {
+    let prepared = locker(locker_id).and_then(|l| {
+        validate_ttl("ttl", ttl)?;
+        let options = AcquireOptions::new(ttl as u32).with_retry(l.retry().clone());
+        Ok((l, options))
+    });
+    match prepared {
+        Ok((locker, options)) => start_acquire(locker, mode, key, options, None, op_id),
+        Err(e) => ops::fail(e),
+    }
+}
+
+fn start_acquire(
+    locker: Locker,
+    mode: u32,
+    key: String,
+    options: AcquireOptions,
+    abort: Option<Abort>,
+    op_id: f64,
+) -> Raw {
     ops::run(op_id, async move {
         if mode == 1 {
             let lock = locker.try_acquire(&key, options).await?;
@@ -361,7 +418,16 @@ pub fn acquire_many(
 ) -> Raw {
     let prepared = locker(locker_id).and_then(|l| {
         let o = acquire_options(
-            &l, ttl, retries, delay_ms, delay_id, timeout, auto_extend, interval, max_hold, max_lag,
+            &l,
+            ttl,
+            retries,
+            delay_ms,
+            delay_id,
+            timeout,
+            auto_extend,
+            interval,
+            max_hold,
+            max_lag,
         )?;
         Ok((l, o))
     });
@@ -478,7 +544,9 @@ pub fn drop_lock(lock_id: f64) {
 fn with_lock(lock_id: f64, op_id: f64, f: impl FnOnce(Lock) -> Raw) -> Raw {
     match lock(lock_id) {
         Some(l) => f(l),
-        None => ops::run(op_id, async { Err(Error::State("this lock is no longer known".into())) }),
+        None => ops::run(op_id, async {
+            Err(Error::State("this lock is no longer known".into()))
+        }),
     }
 }
 
@@ -487,7 +555,9 @@ fn with_lock(lock_id: f64, op_id: f64, f: impl FnOnce(Lock) -> Raw) -> Raw {
 #[napi(catch_unwind)]
 pub fn release(lock_id: f64, final_attempt: bool, op_id: f64) -> Raw {
     with_lock(lock_id, op_id, |l| {
-        ops::run(op_id, async move { l.release(final_attempt).await.map(Answer::Bool) })
+        ops::run(op_id, async move {
+            l.release(final_attempt).await.map(Answer::Bool)
+        })
     })
 }
 
@@ -498,7 +568,9 @@ pub fn extend(lock_id: f64, ttl: f64, op_id: f64) -> Raw {
         return ops::fail(e);
     }
     with_lock(lock_id, op_id, |l| {
-        ops::run(op_id, async move { l.extend(ttl as u32).await.map(|()| Answer::Undefined) })
+        ops::run(op_id, async move {
+            l.extend(ttl as u32).await.map(|()| Answer::Undefined)
+        })
     })
 }
 

@@ -58,7 +58,10 @@ pub trait Backend {
     fn acquire_fenced(&self, _key: &str, _token: &str, _ttl: u32) -> Op<Option<u64>> {
         Op::ready(Err(crate::Error::validation(
             "fencing",
-            format!("the {} backend has no fencing tokens (acquire_fenced)", self.name()),
+            format!(
+                "the {} backend has no fencing tokens (acquire_fenced)",
+                self.name()
+            ),
         )))
     }
     /// A place in the queue of callers waiting for `key`, woken when it is released, so a

@@ -33,11 +33,36 @@ impl TimeSource for SystemSource {
         monotonic_ms()
     }
     fn wall(&self) -> f64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64() * 1000.0)
-            .unwrap_or(0.0)
+        coarse_wall_ms()
     }
+}
+
+/// The wall clock at the kernel tick's resolution (a few ms): plenty to see a pause of more
+/// than [`PAUSE_THRESHOLD_MS`], and much cheaper to read than the precise clock.
+#[cfg(target_os = "linux")]
+fn coarse_wall_ms() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write into.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
+        ts.tv_sec as f64 * 1000.0 + ts.tv_nsec as f64 / 1e6
+    } else {
+        precise_wall_ms()
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn coarse_wall_ms() -> f64 {
+    precise_wall_ms()
+}
+
+fn precise_wall_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
 }
 
 /// A gap between wall and monotonic time larger than this between two readings counts as a

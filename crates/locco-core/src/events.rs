@@ -5,13 +5,48 @@ use crate::error::{Error, HeldReason, LostReason};
 /// One event. Every event names the key (prefix included) and the lease length.
 #[derive(Debug, Clone)]
 pub enum Event<'a> {
-    Acquired { key: &'a str, ttl: u32, waited_ms: f64, attempts: u32 },
-    Contended { key: &'a str, ttl: u32, attempt: u32, elapsed_ms: f64, reason: HeldReason },
-    Extended { key: &'a str, ttl: u32, held_ms: f64 },
-    ExtendFailed { key: &'a str, ttl: u32, held_ms: f64, error: &'a Error },
-    Released { key: &'a str, ttl: u32, held_ms: f64 },
-    Lost { key: &'a str, ttl: u32, held_ms: f64, reason: LostReason, error: Option<&'a Error> },
-    ReleaseFailed { key: &'a str, ttl: u32, held_ms: f64, error: &'a Error },
+    Acquired {
+        key: &'a str,
+        ttl: u32,
+        waited_ms: f64,
+        attempts: u32,
+    },
+    Contended {
+        key: &'a str,
+        ttl: u32,
+        attempt: u32,
+        elapsed_ms: f64,
+        reason: HeldReason,
+    },
+    Extended {
+        key: &'a str,
+        ttl: u32,
+        held_ms: f64,
+    },
+    ExtendFailed {
+        key: &'a str,
+        ttl: u32,
+        held_ms: f64,
+        error: &'a Error,
+    },
+    Released {
+        key: &'a str,
+        ttl: u32,
+        held_ms: f64,
+    },
+    Lost {
+        key: &'a str,
+        ttl: u32,
+        held_ms: f64,
+        reason: LostReason,
+        error: Option<&'a Error>,
+    },
+    ReleaseFailed {
+        key: &'a str,
+        ttl: u32,
+        held_ms: f64,
+        error: &'a Error,
+    },
 }
 
 impl Event<'_> {

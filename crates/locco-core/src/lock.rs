@@ -150,7 +150,7 @@ impl Lock {
         if inner.state.get() == LockState::Released || inner.releasing.get() {
             return Ok(false);
         }
-        inner.refresh();
+        // No clock read before sending: a lease that already ran out is found by the read after.
         let was_held = inner.state.get() == LockState::Held;
         inner.releasing.set(true);
         let op = inner.shared.backend.release(&inner.key, &inner.token);
@@ -166,8 +166,8 @@ impl Lock {
         inner.releasing.set(false);
         match answer {
             Ok(deleted) => {
-                inner.refresh();
                 let now = inner.now();
+                inner.refresh_at(now);
                 if inner.state.get() == LockState::Held {
                     if deleted {
                         inner.ended_at.set(Some(now));
@@ -219,7 +219,11 @@ impl Lock {
     /// One look at the backend. A `false` while held marks the lock lost (`observed`).
     pub async fn is_held(&self) -> Result<bool> {
         let inner = &self.0;
-        let held = inner.shared.backend.is_held(&inner.key, &inner.token).await?;
+        let held = inner
+            .shared
+            .backend
+            .is_held(&inner.key, &inner.token)
+            .await?;
         inner.refresh();
         if !held && inner.state.get() == LockState::Held {
             inner.lose(LostReason::Observed, None, inner.now());
@@ -256,11 +260,15 @@ impl LockInner {
 
     /// Marks the lock lost when its lease ran out on the clock.
     pub(crate) fn refresh(&self) {
-        if self.state.get() != LockState::Held {
-            return;
+        if self.state.get() == LockState::Held {
+            self.refresh_at(self.now());
         }
+    }
+
+    /// [`LockInner::refresh`] with the clock already read.
+    pub(crate) fn refresh_at(&self, now: f64) {
         let end = self.lease_end.get();
-        if self.now() < end {
+        if self.state.get() != LockState::Held || now < end {
             return;
         }
         let failed = self.last_extend_error.borrow().clone();

@@ -8,10 +8,13 @@ use crate::error::{Error, HeldReason, LostReason, Result};
 use crate::events::Event;
 use crate::lock::{lease_end, Heartbeat, Lock, LockInner, LockState};
 use crate::options::{random_token, validate_key, AcquireOptions, LockerOptions};
-use crate::retry::{DelayInput, RetryPolicy};
+use crate::retry::{Delay, DelayInput, RetryPolicy};
 use crate::runtime::{aborted, first, Abort, First, Runtime};
 use crate::scheduler::{Due, Scheduler};
 use crate::timer::sleep_until;
+
+/// The shortest wait between attempts: one timer tick, so retries never spin.
+const MIN_WAIT_MS: f64 = 1.0;
 
 pub(crate) struct Shared {
     pub backend: Rc<dyn Backend>,
@@ -121,9 +124,10 @@ impl Locker {
         self.shared.rt.clock.now()
     }
 
-    fn emit(&self, event: Event<'_>) {
+    /// Builds and sends an event only when somebody listens.
+    fn emit<'a>(&self, make: impl FnOnce() -> Event<'a>) {
         if let Some(sink) = &self.shared.options.events {
-            sink.emit(&event);
+            sink.emit(&make());
         }
     }
 
@@ -155,15 +159,20 @@ impl Locker {
         let mut waiter: Option<Box<dyn Waiter>> = None;
         let mut previous_delay = 0.0;
         let mut attempt = 0u32;
+        let mut next_sent_at = start;
         loop {
             if abort.is_some_and(Abort::is_aborted) {
                 return Err(Error::Aborted);
             }
             attempt += 1;
-            let reason = match self.attempt(&key, &token, ttl, budget_end, abort).await? {
+            let sent_at = next_sent_at;
+            let reason = match self
+                .attempt(&key, &token, ttl, sent_at, budget_end, abort)
+                .await?
+            {
                 Attempt::Won { sent_at, fence } => {
                     let lock = self.make_lock(key, token, fence, sent_at, options);
-                    self.emit(Event::Acquired {
+                    self.emit(|| Event::Acquired {
                         key: lock.key(),
                         ttl: options.ttl,
                         waited_ms: self.now() - start,
@@ -173,8 +182,10 @@ impl Locker {
                 }
                 Attempt::Missed(reason) => reason,
             };
-            let elapsed_ms = self.now() - start;
-            self.emit(Event::Contended {
+            // The clock is read once per step: each read costs more than the arithmetic around it.
+            let now = self.now();
+            let elapsed_ms = now - start;
+            self.emit(|| Event::Contended {
                 key: &key,
                 ttl: options.ttl,
                 attempt,
@@ -188,21 +199,31 @@ impl Locker {
                 reason,
             };
             let out_of_time = |now: f64| budget_end.is_some_and(|end| now >= end);
-            if policy.retries.is_some_and(|r| attempt > r) || out_of_time(self.now()) {
-                return Err(held(self.now()));
+            if policy.retries.is_some_and(|r| attempt > r) || out_of_time(now) {
+                return Err(held(now));
             }
             let input = DelayInput {
                 attempt,
                 elapsed_ms,
                 previous_delay,
             };
-            let delay = match self.bounded(policy.delay.next(input), budget_end, abort).await {
-                Bounded::Done(d) => d?,
-                Bounded::Aborted => return Err(Error::Aborted),
-                Bounded::OutOfTime => return Err(held(self.now())),
+            let delay = match &policy.delay {
+                Delay::Custom(_) => {
+                    match self
+                        .bounded(policy.delay.next(input), budget_end, abort)
+                        .await
+                    {
+                        Bounded::Done(d) => d?,
+                        Bounded::Aborted => return Err(Error::Aborted),
+                        Bounded::OutOfTime => return Err(held(self.now())),
+                    }
+                }
+                computed => computed.next(input).await?,
             };
             previous_delay = delay;
-            let wake_at = budget_end.map_or(self.now() + delay, |e| e.min(self.now() + delay));
+            // A delay of 0 still yields to the event loop, so a busy key cannot starve it.
+            let wake_at = now + delay.max(MIN_WAIT_MS);
+            let wake_at = budget_end.map_or(wake_at, |e| e.min(wake_at));
             let waiter = waiter.get_or_insert_with(|| {
                 self.shared
                     .backend
@@ -215,9 +236,11 @@ impl Locker {
             if let First::Right(_) = first(wait, aborted(abort)).await {
                 return Err(Error::Aborted);
             }
-            if out_of_time(self.now()) {
-                return Err(held(self.now()));
+            let now = self.now();
+            if out_of_time(now) {
+                return Err(held(now));
             }
+            next_sent_at = now;
         }
     }
 
@@ -227,10 +250,10 @@ impl Locker {
         key: &str,
         token: &str,
         ttl: u32,
+        sent_at: f64,
         budget_end: Option<f64>,
         abort: Option<&Abort>,
     ) -> Result<Attempt> {
-        let sent_at = self.now();
         let end = lease_end(sent_at, ttl);
         let limit = budget_end.map_or(end, |b| b.min(end));
         let mut op = self.grant_op(key, token, ttl);
@@ -368,21 +391,20 @@ impl Locker {
         let token = self.token()?;
         let start = self.now();
         let ttl = first_ttl(&options);
-        match self.attempt(&key, &token, ttl, None, None).await? {
+        match self.attempt(&key, &token, ttl, start, None, None).await? {
             Attempt::Won { sent_at, fence } => {
                 let lock = self.make_lock(key, token, fence, sent_at, &options);
-                let waited_ms = self.now() - start;
-                self.emit(Event::Acquired {
+                self.emit(|| Event::Acquired {
                     key: lock.key(),
                     ttl: options.ttl,
-                    waited_ms,
+                    waited_ms: self.now() - start,
                     attempts: 1,
                 });
                 Ok(Some(lock))
             }
             Attempt::Missed(reason) => {
                 let elapsed_ms = self.now() - start;
-                self.emit(Event::Contended {
+                self.emit(|| Event::Contended {
                     key: &key,
                     ttl: options.ttl,
                     attempt: 1,
@@ -416,7 +438,10 @@ impl Locker {
         if keys.is_empty() {
             return Err(Error::validation("keys", "must name at least one key"));
         }
-        let mut full: Vec<String> = keys.iter().map(|k| self.full_key(k)).collect::<Result<_>>()?;
+        let mut full: Vec<String> = keys
+            .iter()
+            .map(|k| self.full_key(k))
+            .collect::<Result<_>>()?;
         full.sort();
         full.dedup();
         let start = self.now();
@@ -428,7 +453,9 @@ impl Locker {
                     per_key.retry.timeout = Some((start + t - self.now()).max(0.0));
                 }
                 let token = self.token()?;
-                let lock = self.acquire_key(key, token, &per_key, abort.as_ref()).await?;
+                let lock = self
+                    .acquire_key(key, token, &per_key, abort.as_ref())
+                    .await?;
                 locks.push(lock);
             }
             let last = locks.len() - 1;

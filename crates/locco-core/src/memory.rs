@@ -137,7 +137,10 @@ impl Backend for MemoryBackend {
     fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
         let slot = Rc::new(Slot::default());
         let mut queues = self.queues.0.borrow_mut();
-        queues.entry(key.to_owned()).or_default().push_back(slot.clone());
+        queues
+            .entry(key.to_owned())
+            .or_default()
+            .push_back(slot.clone());
         Some(Box::new(QueuedWaiter {
             slot,
             key: key.to_owned(),

@@ -85,16 +85,25 @@ impl AcquireOptions {
         if let Some(ax) = &self.auto_extend {
             let interval = ax.interval.unwrap_or(self.ttl as f64 / 3.0);
             if !(interval.is_finite() && interval > 0.0) {
-                return Err(Error::validation("autoExtend.interval", "must be a positive number"));
+                return Err(Error::validation(
+                    "autoExtend.interval",
+                    "must be a positive number",
+                ));
             }
             if interval > self.ttl as f64 / 2.0 {
                 return Err(Error::validation(
                     "autoExtend.interval",
-                    format!("must be at most half the ttl ({} ms), got {interval}", self.ttl / 2),
+                    format!(
+                        "must be at most half the ttl ({} ms), got {interval}",
+                        self.ttl / 2
+                    ),
                 ));
             }
             if !(ax.max_hold.is_finite() && ax.max_hold > 0.0) {
-                return Err(Error::validation("autoExtend.maxHold", "must be a positive number of ms"));
+                return Err(Error::validation(
+                    "autoExtend.maxHold",
+                    "must be a positive number of ms",
+                ));
             }
             if let Some(lag) = ax.max_event_loop_lag {
                 if !(lag.is_finite() && lag > 0.0) {
@@ -129,7 +138,10 @@ pub fn validate_key(key: &str) -> Result<()> {
     if key.len() > MAX_KEY_BYTES {
         return Err(Error::validation(
             "key",
-            format!("is {} bytes with its prefix; the limit is {MAX_KEY_BYTES}", key.len()),
+            format!(
+                "is {} bytes with its prefix; the limit is {MAX_KEY_BYTES}",
+                key.len()
+            ),
         ));
     }
     Ok(())
@@ -137,5 +149,12 @@ pub fn validate_key(key: &str) -> Result<()> {
 
 /// 16 random bytes as 32 hex digits.
 pub fn random_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = rand::random::<[u8; 16]>();
+    let mut out = String::with_capacity(32);
+    for b in bytes {
+        out.push(HEX[(b >> 4) as usize] as char);
+        out.push(HEX[(b & 15) as usize] as char);
+    }
+    out
 }

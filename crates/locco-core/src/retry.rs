@@ -161,7 +161,10 @@ pub(crate) fn non_negative(field: &str, v: f64) -> Result<()> {
     if v.is_finite() && v >= 0.0 {
         Ok(())
     } else {
-        Err(Error::validation(field, format!("must be a finite number >= 0, got {v}")))
+        Err(Error::validation(
+            field,
+            format!("must be a finite number >= 0, got {v}"),
+        ))
     }
 }
 

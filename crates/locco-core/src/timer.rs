@@ -95,7 +95,10 @@ fn run(shared: &Shared) {
                     .unwrap_or_else(|e| e.into_inner())
                     .0
             }
-            None => shared.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
+            None => shared
+                .changed
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner()),
         };
     }
 }
@@ -129,7 +132,10 @@ impl Future for ThreadSleep {
             None => {
                 let id = state.next_id;
                 state.next_id += 1;
-                let earliest = state.heap.peek().is_none_or(|Reverse((at, _))| self.at < *at);
+                let earliest = state
+                    .heap
+                    .peek()
+                    .is_none_or(|Reverse((at, _))| self.at < *at);
                 state.heap.push(Reverse((self.at, id)));
                 state.wakers.insert(id, cx.waker().clone());
                 if earliest {
