@@ -1,0 +1,623 @@
+//! The lock state machine on a manual clock: every time rule is driven by moving the clock,
+//! never by sleeping.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use futures_executor::LocalPool;
+use futures_util::task::LocalSpawnExt;
+use locco_core::*;
+
+struct Spawner(futures_executor::LocalSpawner);
+impl Spawn for Spawner {
+    fn spawn(&self, task: LocalFuture<()>) {
+        self.0.spawn_local(task).unwrap();
+    }
+}
+
+/// The in-memory backend, with answers that can be held in flight or made to fail.
+struct Gated {
+    inner: Rc<MemoryBackend>,
+    hold: Cell<bool>,
+    released: Rc<Cell<bool>>,
+    parked: Rc<RefCell<Vec<std::task::Waker>>>,
+    fail: Cell<bool>,
+}
+
+impl Gated {
+    fn gate<T: 'static>(&self, run: impl FnOnce() -> Op<T> + 'static) -> Op<T> {
+        if self.fail.get() {
+            return Op::ready(Err(Error::backend(
+                "test",
+                BackendErrorKind::Io,
+                "injected failure",
+            )));
+        }
+        if !self.hold.get() {
+            return run();
+        }
+        let (open, parked) = (self.released.clone(), self.parked.clone());
+        Op::pending(async move {
+            std::future::poll_fn(|cx| {
+                if open.get() {
+                    std::task::Poll::Ready(())
+                } else {
+                    parked.borrow_mut().push(cx.waker().clone());
+                    std::task::Poll::Pending
+                }
+            })
+            .await;
+            run().await
+        })
+    }
+}
+
+impl Backend for Gated {
+    fn name(&self) -> &str {
+        "gated"
+    }
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        let (me, k, t) = (self.inner.clone(), key.to_owned(), token.to_owned());
+        self.gate(move || me.acquire(&k, &t, ttl))
+    }
+    fn release(&self, key: &str, token: &str) -> Op<bool> {
+        let (me, k, t) = (self.inner.clone(), key.to_owned(), token.to_owned());
+        self.gate(move || me.release(&k, &t))
+    }
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        let (me, k, t) = (self.inner.clone(), key.to_owned(), token.to_owned());
+        self.gate(move || me.extend(&k, &t, ttl))
+    }
+    fn is_held(&self, key: &str, token: &str) -> Op<bool> {
+        self.inner.is_held(key, token)
+    }
+    fn supports_fencing(&self) -> bool {
+        true
+    }
+    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
+        let (me, k, t) = (self.inner.clone(), key.to_owned(), token.to_owned());
+        self.gate(move || me.acquire_fenced(&k, &t, ttl))
+    }
+    fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
+        self.inner.waiter(key)
+    }
+}
+
+#[derive(Default)]
+struct Events(RefCell<Vec<String>>);
+impl EventSink for Events {
+    fn emit(&self, e: &Event<'_>) {
+        let detail = match e {
+            Event::Contended { reason, .. } => format!("contended:{}", reason.as_str()),
+            Event::Lost { reason, .. } => format!("lost:{}", reason.as_str()),
+            other => other.kind().to_string(),
+        };
+        self.0.borrow_mut().push(detail);
+    }
+}
+
+struct Harness {
+    pool: LocalPool,
+    clock: Rc<ManualClock>,
+    backend: Rc<Gated>,
+    events: Rc<Events>,
+    locker: Locker,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self::with(|_| {})
+    }
+
+    fn with(configure: impl FnOnce(&mut LockerOptions)) -> Self {
+        let pool = LocalPool::new();
+        let clock = ManualClock::new(1000.0);
+        let backend = Rc::new(Gated {
+            inner: Rc::new(MemoryBackend::new(clock.clone())),
+            hold: Cell::new(false),
+            released: Rc::new(Cell::new(false)),
+            parked: Rc::default(),
+            fail: Cell::new(false),
+        });
+        let events = Rc::new(Events::default());
+        let rt = Runtime::system(Rc::new(Spawner(pool.spawner())))
+            .with_clock(clock.clone())
+            .with_timer(Rc::new(clock.clone()));
+        let mut options = LockerOptions {
+            events: Some(events.clone()),
+            ..Default::default()
+        };
+        configure(&mut options);
+        let locker = Locker::new(backend.clone(), rt, options).unwrap();
+        Harness {
+            pool,
+            clock,
+            backend,
+            events,
+            locker,
+        }
+    }
+
+    /// Moves the clock to `t` in steps of 1 ms, running whatever becomes due on the way.
+    fn run_to(&mut self, t: f64) {
+        while self.clock.now() < t {
+            self.pool.run_until_stalled();
+            self.clock.advance(1.0);
+        }
+        self.pool.run_until_stalled();
+    }
+
+    fn hold_answers(&self) {
+        self.backend.released.set(false);
+        self.backend.hold.set(true);
+    }
+
+    fn let_answers_through(&mut self) {
+        self.backend.released.set(true);
+        self.backend.hold.set(false);
+        let parked = std::mem::take(&mut *self.backend.parked.borrow_mut());
+        parked.into_iter().for_each(|w| w.wake());
+        self.pool.run_until_stalled();
+    }
+
+    fn acquire(&mut self, key: &str, options: AcquireOptions) -> Lock {
+        let locker = self.locker.clone();
+        let key = key.to_owned();
+        self.pool
+            .run_until(async move { locker.acquire(&key, options, None).await.unwrap() })
+    }
+
+    fn events(&self) -> Vec<String> {
+        self.events.0.borrow().clone()
+    }
+}
+
+fn heartbeat(ttl: u32, max_hold: f64) -> AcquireOptions {
+    AcquireOptions::new(ttl).with_auto_extend(AutoExtend {
+        interval: None,
+        max_hold,
+        max_event_loop_lag: None,
+    })
+}
+
+#[test]
+fn the_local_lease_ends_one_percent_early() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", AcquireOptions::new(1000));
+    h.run_to(1989.0);
+    assert_eq!(lock.state(), LockState::Held);
+    h.run_to(1990.0);
+    assert_eq!(lock.state(), LockState::Lost);
+    assert_eq!(lock.lost_reason(), Some(LostReason::Expired));
+    assert_eq!(lock.held_ms(), 990.0);
+    assert_eq!(h.events(), ["acquired", "lost:expired"]);
+}
+
+#[test]
+fn a_grant_answered_after_the_lease_is_given_back() {
+    let mut h = Harness::new();
+    h.hold_answers();
+    let locker = h.locker.clone();
+    let attempt = h.pool.spawner().spawn_local_with_handle(async move {
+        locker.try_acquire("k", AcquireOptions::new(100)).await
+    });
+    let attempt = attempt.unwrap();
+    h.run_to(1000.0 + 99.0); // the lease (99 ms locally) passes while the answer is held
+    h.let_answers_through();
+    let result = h.pool.run_until(attempt);
+    match result {
+        Err(Error::Held { reason, .. }) => assert_eq!(reason, HeldReason::LateAcquire),
+        other => panic!("expected late-acquire, got {other:?}"),
+    }
+    // The key was given back: another caller gets it at once.
+    let other = h
+        .pool
+        .run_until(h.locker.try_acquire("k", AcquireOptions::new(100)));
+    assert!(other.unwrap().is_some());
+    assert!(h.events().contains(&"contended:late".to_string()));
+}
+
+#[test]
+fn a_heartbeat_ticks_from_when_the_previous_request_left() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", heartbeat(900, 60_000.0));
+    // Tick due at 1300 (a third of 900 after the request left at 1000). Its answer is slow.
+    h.run_to(1299.0);
+    h.hold_answers();
+    h.run_to(1300.0);
+    h.run_to(1400.0);
+    h.let_answers_through();
+    assert_eq!(h.events().iter().filter(|e| *e == "extended").count(), 1);
+    // The lease now counts from 1300, not 1400.
+    assert_eq!(lock.lease_end(), 1300.0 + 891.0);
+    // The next tick comes at 1600 (1300 + 300), not 1700.
+    h.run_to(1599.0);
+    assert_eq!(h.events().iter().filter(|e| *e == "extended").count(), 1);
+    h.run_to(1600.0);
+    assert_eq!(h.events().iter().filter(|e| *e == "extended").count(), 2);
+}
+
+#[test]
+fn failing_extensions_keep_the_lock_then_end_it_extend_failed() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", heartbeat(900, 60_000.0));
+    h.backend.fail.set(true);
+    h.run_to(1300.0);
+    assert_eq!(lock.state(), LockState::Held);
+    assert_eq!(h.events().last().unwrap(), "extendFailed");
+    // Retried a third of the interval (100 ms) later.
+    h.run_to(1399.0);
+    assert_eq!(
+        h.events().iter().filter(|e| *e == "extendFailed").count(),
+        1
+    );
+    h.run_to(1400.0);
+    assert_eq!(
+        h.events().iter().filter(|e| *e == "extendFailed").count(),
+        2
+    );
+    h.run_to(1891.0);
+    assert_eq!(lock.state(), LockState::Lost);
+    assert_eq!(lock.lost_reason(), Some(LostReason::ExtendFailed));
+    assert!(matches!(lock.lost_cause(), Some(Error::Backend { .. })));
+}
+
+#[test]
+fn an_extension_still_in_flight_at_the_lease_end_is_late_extend() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", heartbeat(900, 60_000.0));
+    h.run_to(1299.0);
+    h.hold_answers();
+    h.run_to(1891.0);
+    assert_eq!(lock.lost_reason(), Some(LostReason::LateExtend));
+    h.let_answers_through();
+    assert_eq!(
+        lock.state(),
+        LockState::Lost,
+        "a late answer does not revive the lock"
+    );
+    assert_eq!(
+        h.events().iter().filter(|e| e.starts_with("lost")).count(),
+        1
+    );
+}
+
+#[test]
+fn an_extension_refused_by_the_backend_is_lost_extend() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", heartbeat(900, 60_000.0));
+    h.backend.inner.clear();
+    h.run_to(1300.0);
+    assert_eq!(lock.lost_reason(), Some(LostReason::Extend));
+}
+
+#[test]
+fn max_hold_clamps_every_extension_and_ends_the_lock() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", heartbeat(900, 1000.0));
+    h.run_to(1900.0);
+    // The extension at 1900 could only ask for 100 ms: the deadline is 2000.
+    assert_eq!(lock.state(), LockState::Held);
+    h.run_to(2000.0);
+    assert_eq!(lock.state(), LockState::Lost);
+    assert_eq!(lock.lost_reason(), Some(LostReason::MaxHold));
+    assert!(lock.held_ms() <= 1000.0);
+    // The backend lease does not outlive the deadline by more than the last request's flight.
+    h.run_to(2001.0);
+    let other = h
+        .pool
+        .run_until(h.locker.try_acquire("k", AcquireOptions::new(100)));
+    assert!(other.unwrap().is_some());
+}
+
+#[test]
+fn a_manual_extend_is_clamped_and_refused_after_the_deadline() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", heartbeat(900, 1000.0));
+    h.pool.run_until(lock.extend(5000)).unwrap();
+    assert!(lock.lease_end() <= 2000.0);
+    assert_eq!(lock.ttl(), 5000);
+    h.run_to(2000.0);
+    let err = h.pool.run_until(lock.extend(5000)).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Lost {
+            reason: LostReason::MaxHold,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_lease_that_runs_out_during_release_reports_lost_only() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", AcquireOptions::new(100));
+    h.hold_answers();
+    let l2 = lock.clone();
+    let release = h
+        .pool
+        .spawner()
+        .spawn_local_with_handle(async move { l2.release(false).await })
+        .unwrap();
+    h.run_to(1100.0);
+    h.let_answers_through();
+    let deleted = h.pool.run_until(release).unwrap();
+    assert!(!deleted, "past the lease the answer no longer counts");
+    assert_eq!(lock.state(), LockState::Released);
+    assert_eq!(lock.lost_reason(), Some(LostReason::Expired));
+    let ends: Vec<_> = h
+        .events()
+        .into_iter()
+        .filter(|e| e == "released" || e.starts_with("lost"))
+        .collect();
+    assert_eq!(ends, ["lost:expired"]);
+}
+
+#[test]
+fn release_then_release_again() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", AcquireOptions::new(1000));
+    assert!(h.pool.run_until(lock.release(false)).unwrap());
+    assert!(!h.pool.run_until(lock.release(false)).unwrap());
+    assert!(matches!(
+        h.pool.run_until(lock.extend(100)),
+        Err(Error::State(_))
+    ));
+    assert_eq!(h.events(), ["acquired", "released"]);
+}
+
+#[test]
+fn a_failed_release_keeps_the_lock_and_can_be_retried() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", AcquireOptions::new(1000));
+    h.backend.fail.set(true);
+    assert!(h.pool.run_until(lock.release(false)).is_err());
+    assert_eq!(lock.state(), LockState::Held);
+    h.backend.fail.set(false);
+    assert!(h.pool.run_until(lock.release(false)).unwrap());
+    assert_eq!(h.events(), ["acquired", "releaseFailed", "released"]);
+}
+
+#[test]
+fn is_held_false_marks_the_lock_observed() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", AcquireOptions::new(1000));
+    assert!(h.pool.run_until(lock.is_held()).unwrap());
+    h.backend.inner.clear();
+    assert!(!h.pool.run_until(lock.is_held()).unwrap());
+    assert_eq!(lock.lost_reason(), Some(LostReason::Observed));
+}
+
+#[test]
+fn retries_count_attempts_and_give_up_with_held() {
+    let mut h = Harness::new();
+    let _holder = h.acquire("k", AcquireOptions::new(10_000));
+    let policy = RetryPolicy {
+        retries: Some(2),
+        delay: Delay::Fixed(100.0),
+        timeout: None,
+    };
+    let locker = h.locker.clone();
+    let task = h
+        .pool
+        .spawner()
+        .spawn_local_with_handle(async move {
+            locker
+                .acquire("k", AcquireOptions::new(100).with_retry(policy), None)
+                .await
+        })
+        .unwrap();
+    h.run_to(1300.0);
+    match h.pool.run_until(task) {
+        Err(Error::Held {
+            attempts, reason, ..
+        }) => {
+            assert_eq!(attempts, 3);
+            assert_eq!(reason, HeldReason::Held);
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_timeout_is_one_budget_and_no_wait_starts_after_it() {
+    let mut h = Harness::new();
+    let _holder = h.acquire("k", AcquireOptions::new(10_000));
+    let policy = RetryPolicy {
+        retries: None,
+        delay: Delay::Fixed(100.0),
+        timeout: Some(250.0),
+    };
+    let locker = h.locker.clone();
+    let task = h
+        .pool
+        .spawner()
+        .spawn_local_with_handle(async move {
+            locker
+                .acquire("k", AcquireOptions::new(100).with_retry(policy), None)
+                .await
+        })
+        .unwrap();
+    h.run_to(1250.0);
+    match h.pool.run_until(task) {
+        Err(Error::Held {
+            attempts,
+            elapsed_ms,
+            ..
+        }) => {
+            assert_eq!(attempts, 3);
+            assert_eq!(elapsed_ms, 250.0);
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_release_wakes_the_longest_waiter_before_its_next_poll() {
+    let mut h = Harness::new();
+    let holder = h.acquire("k", AcquireOptions::new(10_000));
+    let order = Rc::new(RefCell::new(Vec::new()));
+    for n in 0..3 {
+        let (locker, order) = (h.locker.clone(), order.clone());
+        let policy = RetryPolicy {
+            retries: None,
+            delay: Delay::Fixed(60_000.0),
+            timeout: None,
+        };
+        h.pool
+            .spawner()
+            .spawn_local(async move {
+                let lock = locker
+                    .acquire("k", AcquireOptions::new(10_000).with_retry(policy), None)
+                    .await
+                    .unwrap();
+                order.borrow_mut().push(n);
+                lock.release(false).await.unwrap();
+            })
+            .unwrap();
+        h.pool.run_until_stalled();
+    }
+    h.pool.run_until(holder.release(false)).unwrap();
+    h.pool.run_until_stalled();
+    assert_eq!(*order.borrow(), [0, 1, 2], "FIFO, without the clock moving");
+}
+
+#[test]
+fn an_abort_stops_the_loop_and_gives_back_a_grant_in_flight() {
+    let mut h = Harness::new();
+    h.hold_answers();
+    let abort = Abort::new();
+    let (locker, a) = (h.locker.clone(), abort.clone());
+    let task = h
+        .pool
+        .spawner()
+        .spawn_local_with_handle(async move {
+            locker
+                .acquire("k", AcquireOptions::new(10_000), Some(a))
+                .await
+        })
+        .unwrap();
+    h.pool.run_until_stalled();
+    abort.abort();
+    assert!(matches!(h.pool.run_until(task), Err(Error::Aborted)));
+    h.let_answers_through();
+    assert!(
+        h.backend.inner.is_empty(),
+        "the grant that arrived after the abort was given back"
+    );
+}
+
+#[test]
+fn acquire_many_sorts_dedupes_and_releases_all_on_failure() {
+    let mut h = Harness::new();
+    let keys: Vec<String> = ["b", "a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    let locks = h
+        .pool
+        .run_until(
+            h.locker
+                .acquire_many(&keys, AcquireOptions::new(1000), None),
+        )
+        .unwrap();
+    assert_eq!(
+        locks.iter().map(|l| l.key()).collect::<Vec<_>>(),
+        ["a", "b", "c"]
+    );
+    for l in &locks {
+        h.pool.run_until(l.release(false)).unwrap();
+    }
+    let _c = h.acquire("c", AcquireOptions::new(10_000));
+    let policy = RetryPolicy {
+        retries: Some(0),
+        ..Default::default()
+    };
+    let err = h
+        .pool
+        .run_until(
+            h.locker
+                .acquire_many(&keys, AcquireOptions::new(1000).with_retry(policy), None),
+        )
+        .unwrap_err();
+    assert!(err.is_contention());
+    assert_eq!(h.backend.inner.len(), 1, "a and b were released again");
+}
+
+#[test]
+fn fencing_tokens_grow_per_key_and_survive_clear() {
+    let mut h = Harness::with(|o| o.fencing = true);
+    let mut last = 0;
+    for _ in 0..3 {
+        let lock = h.acquire("k", AcquireOptions::new(1000));
+        let fence = lock.fence().unwrap();
+        assert!(fence > last);
+        last = fence;
+        h.pool.run_until(lock.release(false)).unwrap();
+    }
+    h.backend.inner.clear();
+    let lock = h.acquire("k", AcquireOptions::new(1000));
+    assert!(lock.fence().unwrap() > last);
+}
+
+fn lag_limited(max_lag: f64) -> AcquireOptions {
+    AcquireOptions::new(900).with_auto_extend(AutoExtend {
+        interval: None,
+        max_hold: 60_000.0,
+        max_event_loop_lag: Some(max_lag),
+    })
+}
+
+#[test]
+fn a_tick_that_runs_too_late_sends_nothing_until_the_loop_is_healthy() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", lag_limited(50.0));
+    // Nothing runs between 1000 and 1400: the tick due at 1300 runs 100 ms late.
+    h.clock.set(1400.0);
+    h.pool.run_until_stalled();
+    assert!(
+        !h.events().contains(&"extended".to_string()),
+        "no extension vouches for a stalled loop"
+    );
+    // The retry a third of an interval later runs on time: the loop is healthy again.
+    h.run_to(1500.0);
+    assert!(h.events().contains(&"extended".to_string()));
+    assert_eq!(lock.state(), LockState::Held);
+}
+
+#[test]
+fn a_loop_stalled_past_the_lease_finds_the_lock_expired() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", lag_limited(300.0));
+    h.clock.set(2500.0);
+    h.pool.run_until_stalled();
+    assert_eq!(lock.lost_reason(), Some(LostReason::Expired));
+    assert!(!h.events().contains(&"extended".to_string()));
+    let other = h
+        .pool
+        .run_until(h.locker.try_acquire("k", AcquireOptions::new(100)));
+    assert!(
+        other.unwrap().is_some(),
+        "the key was free for others during the stall"
+    );
+}
+
+#[test]
+fn validation_names_the_field() {
+    let h = Harness::new();
+    let err = h.locker.full_key("").unwrap_err();
+    assert!(matches!(err, Error::Validation { ref field, .. } if field == "key"));
+    let long = "x".repeat(MAX_KEY_BYTES + 1);
+    assert!(matches!(
+        h.locker.full_key(&long),
+        Err(Error::Validation { .. })
+    ));
+    let bad = AcquireOptions::new(900).with_auto_extend(AutoExtend {
+        interval: Some(451.0),
+        max_hold: 1000.0,
+        max_event_loop_lag: None,
+    });
+    assert!(
+        matches!(bad.validate(), Err(Error::Validation { ref field, .. }) if field == "autoExtend.interval")
+    );
+    assert!(validate_ttl("ttl", 0.0).is_err());
+    assert!(validate_ttl("ttl", 1.5).is_err());
+    assert!(validate_ttl("ttl", 2_147_483_648.0).is_err());
+}
