@@ -1,0 +1,30 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { runLockAdapterContract } from 'locco-rs/testing';
+import { InMemoryAdapter } from 'locco-rs/memory';
+import { registerContractForTest } from './support/contract-internal.mjs';
+import { MapAdapter, UnfencedMapAdapter, brokenAdapters } from './support/map-adapter.mjs';
+import { runCollected } from './support/collect.mjs';
+
+runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
+runLockAdapterContract('MapAdapter (reference, JavaScript)', async () => ({ adapter: new MapAdapter() }));
+runLockAdapterContract('MapAdapter without fencing', () => ({ adapter: new UnfencedMapAdapter() }));
+
+describe('the contract suite can fail', { concurrency: true }, () => {
+  it('passes the reference adapter when run by hand (the collector works)', async () => {
+    const { total, failed } = await runCollected((r) =>
+      registerContractForTest('reference', () => ({ adapter: new MapAdapter() }), r),
+    );
+    assert.ok(total >= 9);
+    assert.deepEqual(failed, []);
+  });
+
+  for (const [rule, Broken] of Object.entries(brokenAdapters)) {
+    it(`catches an adapter where ${rule}`, async () => {
+      const { failed } = await runCollected((r) =>
+        registerContractForTest(rule, () => ({ adapter: new Broken() }), r),
+      );
+      assert.ok(failed.length >= 1, `no contract test failed for "${rule}"`);
+    });
+  }
+});

@@ -1,0 +1,3 @@
+import { createRequire } from 'node:module';
+
+export const { registerContract: registerContractForTest } = createRequire(import.meta.url)('../../lib/contract.js');

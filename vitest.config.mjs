@@ -1,0 +1,6 @@
+export default {
+  test: {
+    include: ['__test__/**/*.vitest.mjs'],
+    testTimeout: 20_000,
+  },
+};
