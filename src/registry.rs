@@ -104,7 +104,11 @@ pub fn memory_clear(adapter_id: u32) {
 #[napi(catch_unwind)]
 pub fn create_js_adapter(fenced: bool) -> u32 {
     let id = next_id();
-    let backend = Rc::new(JsBackend { id, fenced });
+    let backend = Rc::new(JsBackend {
+        id,
+        fenced,
+        waiters: Default::default(),
+    });
     REG.with(|r| r.borrow_mut().adapters.insert(id, Adapter::Js(backend)));
     id
 }

@@ -20,6 +20,7 @@ mod retry;
 mod runtime;
 mod scheduler;
 mod timer;
+mod waiters;
 
 pub use backend::{Backend, Op, Waiter};
 pub use clock::{monotonic_ms, Clock, LeaseClock, MonotonicClock, SystemSource, TimeSource};
@@ -35,3 +36,4 @@ pub use options::{
 pub use retry::{Backoff, Delay, DelayFn, DelayInput, RetryOverrides, RetryPolicy};
 pub use runtime::{Abort, LocalFuture, Runtime, Spawn};
 pub use timer::{sleep_until, ManualClock, Sleep, ThreadTimer, Timer};
+pub use waiters::LocalWaiters;

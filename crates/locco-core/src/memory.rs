@@ -1,14 +1,12 @@
 //! The in-memory backend: one process, no I/O, every answer ready at once.
 
-use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
-use std::task::{Poll, Waker};
 
 use crate::backend::{Backend, Op, Waiter};
 use crate::clock::{Clock, MonotonicClock};
+use crate::waiters::LocalWaiters;
 
 struct Entry {
     token: String,
@@ -21,7 +19,7 @@ pub struct MemoryBackend {
     clock: Rc<dyn Clock>,
     entries: RefCell<HashMap<String, Entry>>,
     fences: RefCell<HashMap<String, u64>>,
-    queues: Rc<Queues>,
+    waiters: LocalWaiters,
 }
 
 impl Default for MemoryBackend {
@@ -37,15 +35,14 @@ impl MemoryBackend {
             clock,
             entries: RefCell::default(),
             fences: RefCell::default(),
-            queues: Rc::default(),
+            waiters: LocalWaiters::default(),
         }
     }
 
     /// Forgets every lock. Fencing counters stay, so tokens keep growing.
     pub fn clear(&self) {
         self.entries.borrow_mut().clear();
-        let keys: Vec<String> = self.queues.0.borrow().keys().cloned().collect();
-        keys.iter().for_each(|k| self.queues.wake_next(k));
+        self.waiters.wake_all();
     }
 
     /// How many keys carry a live lease.
@@ -106,7 +103,7 @@ impl Backend for MemoryBackend {
         let ours = self.ours(key, token, |_, _| ()).is_some();
         if ours {
             self.entries.borrow_mut().remove(key);
-            self.queues.wake_next(key);
+            self.waiters.wake_next(key);
         }
         Op::ready(Ok(ours))
     }
@@ -135,81 +132,6 @@ impl Backend for MemoryBackend {
     }
 
     fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
-        let slot = Rc::new(Slot::default());
-        let mut queues = self.queues.0.borrow_mut();
-        queues
-            .entry(key.to_owned())
-            .or_default()
-            .push_back(slot.clone());
-        Some(Box::new(QueuedWaiter {
-            slot,
-            key: key.to_owned(),
-            queues: self.queues.clone(),
-        }))
-    }
-}
-
-#[derive(Default)]
-struct Slot {
-    /// Woken and not yet seen by its waiter.
-    released: Cell<bool>,
-    /// The waiter left the queue.
-    gone: Cell<bool>,
-    waker: RefCell<Option<Waker>>,
-}
-
-/// Waiters per key, oldest first.
-#[derive(Default)]
-struct Queues(RefCell<HashMap<String, VecDeque<Rc<Slot>>>>);
-
-impl Queues {
-    /// Wakes the oldest waiter of `key` that has not been woken yet.
-    fn wake_next(&self, key: &str) {
-        let waker = {
-            let mut queues = self.0.borrow_mut();
-            let Some(queue) = queues.get_mut(key) else {
-                return;
-            };
-            queue.retain(|s| !s.gone.get());
-            let next = queue.iter().find(|s| !s.released.get()).cloned();
-            if queue.is_empty() {
-                queues.remove(key);
-            }
-            next.and_then(|slot| {
-                slot.released.set(true);
-                slot.waker.borrow_mut().take()
-            })
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-}
-
-struct QueuedWaiter {
-    slot: Rc<Slot>,
-    key: String,
-    queues: Rc<Queues>,
-}
-
-impl Waiter for QueuedWaiter {
-    fn released(&mut self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
-        Box::pin(std::future::poll_fn(move |cx| {
-            if self.slot.released.replace(false) {
-                return Poll::Ready(());
-            }
-            *self.slot.waker.borrow_mut() = Some(cx.waker().clone());
-            Poll::Pending
-        }))
-    }
-}
-
-impl Drop for QueuedWaiter {
-    fn drop(&mut self) {
-        self.slot.gone.set(true);
-        // A wake this waiter never used goes to the next one in line.
-        if self.slot.released.get() {
-            self.queues.wake_next(&self.key);
-        }
+        Some(self.waiters.waiter(key))
     }
 }

@@ -1,0 +1,110 @@
+//! A FIFO queue of waiters per key, woken one at a time when the key is released, so that
+//! under contention ownership rotates instead of going to whoever polls first.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use crate::backend::Waiter;
+
+/// The waiters of one backend in this process. A backend that sees every release (the
+/// in-memory one) wakes them all; one that sees only this process's releases (an adapter
+/// written in JavaScript) wakes them for those, and its waiters poll for the rest.
+#[derive(Clone, Default)]
+pub struct LocalWaiters(Rc<Queues>);
+
+impl LocalWaiters {
+    /// A place at the back of `key`'s queue.
+    pub fn waiter(&self, key: &str) -> Box<dyn Waiter> {
+        let slot = Rc::new(Slot::default());
+        let mut queues = self.0 .0.borrow_mut();
+        queues
+            .entry(key.to_owned())
+            .or_default()
+            .push_back(slot.clone());
+        Box::new(QueuedWaiter {
+            slot,
+            key: key.to_owned(),
+            queues: self.0.clone(),
+        })
+    }
+
+    /// Wakes the longest waiter of `key`.
+    pub fn wake_next(&self, key: &str) {
+        self.0.wake_next(key)
+    }
+
+    /// Wakes the longest waiter of every key.
+    pub fn wake_all(&self) {
+        let keys: Vec<String> = self.0 .0.borrow().keys().cloned().collect();
+        keys.iter().for_each(|k| self.0.wake_next(k));
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    /// Woken and not yet seen by its waiter.
+    released: Cell<bool>,
+    /// The waiter left the queue.
+    gone: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+/// Waiters per key, oldest first.
+#[derive(Default)]
+struct Queues(RefCell<HashMap<String, VecDeque<Rc<Slot>>>>);
+
+impl Queues {
+    /// Wakes the oldest waiter of `key` that has not been woken yet.
+    fn wake_next(&self, key: &str) {
+        let waker = {
+            let mut queues = self.0.borrow_mut();
+            let Some(queue) = queues.get_mut(key) else {
+                return;
+            };
+            queue.retain(|s| !s.gone.get());
+            let next = queue.iter().find(|s| !s.released.get()).cloned();
+            if queue.is_empty() {
+                queues.remove(key);
+            }
+            next.and_then(|slot| {
+                slot.released.set(true);
+                slot.waker.borrow_mut().take()
+            })
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+struct QueuedWaiter {
+    slot: Rc<Slot>,
+    key: String,
+    queues: Rc<Queues>,
+}
+
+impl Waiter for QueuedWaiter {
+    fn released(&mut self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        Box::pin(std::future::poll_fn(move |cx| {
+            if self.slot.released.replace(false) {
+                return Poll::Ready(());
+            }
+            *self.slot.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        }))
+    }
+}
+
+impl Drop for QueuedWaiter {
+    fn drop(&mut self) {
+        self.slot.gone.set(true);
+        // A wake this waiter never used goes to the next one in line.
+        if self.slot.released.get() {
+            self.queues.wake_next(&self.key);
+        }
+    }
+}
