@@ -52,6 +52,12 @@ pub fn register(env: sys::napi_env, fns: &[sys::napi_value]) -> napi::Result<()>
         ));
     }
     set_env(env);
+    // Once the environment is torn down, nothing may call into it (late drops at exit).
+    unsafe extern "C" fn torn_down(_arg: *mut std::ffi::c_void) {
+        let _ = FNS.try_with(|f| f.borrow_mut().clear());
+        let _ = ENV.try_with(|e| e.set(ptr::null_mut()));
+    }
+    unsafe { sys::napi_add_env_cleanup_hook(env, Some(torn_down), ptr::null_mut()) };
     let refs = fns
         .iter()
         .map(|&f| {
@@ -66,10 +72,13 @@ pub fn register(env: sys::napi_env, fns: &[sys::napi_value]) -> napi::Result<()>
 
 /// Calls a trampoline; a JavaScript exception is cleared and reported as `Err`.
 pub fn call(which: Fn_, args: &[sys::napi_value]) -> Result<sys::napi_value, sys::napi_value> {
-    let env = env();
-    let func_ref = FNS.with(|f| f.borrow().get(which as usize).copied());
-    let Some(func_ref) = func_ref else {
-        return Err(undefined());
+    let env = ENV.try_with(|e| e.get()).unwrap_or(ptr::null_mut());
+    let func_ref = FNS
+        .try_with(|f| f.borrow().get(which as usize).copied())
+        .ok()
+        .flatten();
+    let (Some(func_ref), false) = (func_ref, env.is_null()) else {
+        return Err(ptr::null_mut());
     };
     unsafe {
         let mut func = ptr::null_mut();

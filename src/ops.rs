@@ -187,7 +187,8 @@ impl Future for HostCall {
 
 impl Drop for HostCall {
     fn drop(&mut self) {
-        WAITING.with(|w| w.borrow_mut().remove(&self.id));
+        // At thread exit the map may already be gone; then there is nothing to forget.
+        let _ = WAITING.try_with(|w| w.borrow_mut().remove(&self.id));
     }
 }
 

@@ -1,0 +1,97 @@
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import { describe, it } from 'node:test';
+import * as esm from 'locco-rs';
+import { InMemoryAdapter } from 'locco-rs/memory';
+
+const cjs = createRequire(import.meta.url)('locco-rs');
+const { Locker, ValidationError, LockHeldError, LoccoError } = esm;
+
+describe('errors', () => {
+  it('are the same classes from ESM and CommonJS, with stable codes', async () => {
+    for (const name of ['LoccoError', 'LockHeldError', 'LockLostError', 'LockStateError', 'ValidationError', 'BackendError']) {
+      assert.equal(esm[name], cjs[name], name);
+    }
+    const locker = new cjs.Locker({ adapter: new InMemoryAdapter(), retry: { retries: 0 } });
+    await locker.acquire('k', { ttl: 1000 });
+    const err = await locker.acquire('k', { ttl: 1000 }).catch((e) => e);
+    assert.ok(err instanceof LockHeldError && err instanceof cjs.LockHeldError && err instanceof Error);
+    assert.equal(err.name, 'LockHeldError');
+    assert.equal(err.code, 'LOCK_HELD');
+    const codes = {
+      LockHeldError: 'LOCK_HELD',
+      LockLostError: 'LOCK_LOST',
+      LockStateError: 'LOCK_STATE',
+      ValidationError: 'LOCK_VALIDATION',
+      BackendError: 'LOCK_BACKEND',
+    };
+    for (const [name, code] of Object.entries(codes)) {
+      const e = new esm[name]('m', {});
+      assert.equal(e.code, code);
+      assert.ok(e instanceof LoccoError);
+    }
+  });
+});
+
+describe('validation names the field, before any I/O', () => {
+  const adapter = new InMemoryAdapter();
+  const locker = new Locker({ adapter });
+  const bad = async (field, fn) => {
+    const err = await Promise.resolve().then(fn).catch((e) => e);
+    assert.ok(err instanceof ValidationError, `${field}: ${err}`);
+    assert.equal(err.field, field);
+    assert.equal(err.code, 'LOCK_VALIDATION');
+  };
+
+  it('keys', async () => {
+    await bad('key', () => locker.acquire('', { ttl: 1000 }));
+    await bad('key', () => locker.acquire(42, { ttl: 1000 }));
+    await bad('key', () => locker.acquire('x'.repeat(4097), { ttl: 1000 }));
+    await bad('key', () => locker.tryAcquire('', { ttl: 1000 }));
+  });
+
+  it('ttl', async () => {
+    await bad('ttl', () => locker.acquire('k', {}));
+    await bad('ttl', () => locker.acquire('k', { ttl: '1000' }));
+    for (const ttl of [0, -1, 1.5, NaN, Infinity, 2 ** 31]) await bad('ttl', () => locker.acquire('k', { ttl }));
+    const lock = await locker.acquire('ok', { ttl: 1000 });
+    await bad('ttl', () => lock.extend(0));
+  });
+
+  it('retry and autoExtend', async () => {
+    await bad('retry.retries', () => locker.acquire('k', { ttl: 1000, retry: { retries: -1 } }));
+    await bad('retry.delay', () => locker.acquire('k', { ttl: 1000, retry: { delay: -1 } }));
+    await bad('retry.timeout', () => locker.acquire('k', { ttl: 1000, retry: { timeout: -5 } }));
+    await bad('autoExtend.maxHold', () => locker.acquire('k', { ttl: 900, autoExtend: {} }));
+    await bad('autoExtend.interval', () => locker.acquire('k', { ttl: 900, autoExtend: { interval: 451, maxHold: 5000 } }));
+    await bad('retry.retries', () => new Locker({ adapter, retry: { retries: -2 } }));
+  });
+
+  it('adapters and options', async () => {
+    await bad('adapter', () => new Locker({}));
+    await bad('adapter', () => new Locker({ adapter: { acquire() {} } }));
+    await bad('adapter', () => new Locker({ adapter: { acquire() {}, release() {}, extend() {}, isHeld: 1 } }));
+    const unfenced = { acquire: async () => true, release: async () => true, extend: async () => true, isHeld: async () => true };
+    await bad('fencing', () => new Locker({ adapter: unfenced, fencing: true }));
+    await bad('onEvent', () => new Locker({ adapter, onEvent: 'x' }));
+    await bad('keyPrefix', () => new Locker({ adapter, keyPrefix: 1 }));
+  });
+
+  it('nothing was taken by a refused call', async () => {
+    assert.notEqual(await locker.tryAcquire('k', { ttl: 1000 }), null);
+  });
+});
+
+describe('a Rust panic', () => {
+  it('surfaces as an error and the process lives on', async () => {
+    const native = createRequire(import.meta.url)('../binding.js');
+    assert.throws(() => native.panicSyncForTest(), /panic/);
+    const r = native.panicForTest(1);
+    assert.equal(r, -2);
+    const err = native.takeError();
+    assert.equal(err.code, 'LOCK_INTERNAL');
+    assert.match(err.message, /deliberate panic/);
+    const locker = new Locker({ adapter: new InMemoryAdapter() });
+    assert.equal((await locker.acquire('after-panic', { ttl: 1000 })).state, 'held');
+  });
+});
