@@ -1,0 +1,66 @@
+// Uses every public name; compiled by __test__/types.test.mjs with TypeScript 5.2 and 6.x.
+import {
+  BackendError,
+  Locker,
+  LoccoError,
+  Lock,
+  LockHeldError,
+  LockLostError,
+  LockSet,
+  LockStateError,
+  ValidationError,
+  exponentialBackoff,
+  type AcquireOptions,
+  type DelayFn,
+  type LockAdapter,
+  type LockEvent,
+  type LostReason,
+  type RetryOptions,
+} from 'locco-rs';
+import { InMemoryAdapter } from 'locco-rs/memory';
+import { runLockAdapterContract } from 'locco-rs/testing';
+
+const adapter: LockAdapter = new InMemoryAdapter({ now: () => performance.now() });
+const delay: DelayFn = exponentialBackoff({ base: 50, max: 1000, factor: 2, jitter: true });
+const retry: RetryOptions = { retries: 5, delay, timeout: 2000 };
+const locker = new Locker({
+  adapter,
+  retry,
+  keyPrefix: 'app:',
+  fencing: true,
+  token: () => 'tok',
+  now: () => performance.now(),
+  onEvent(event: LockEvent) {
+    if (event.type === 'lost') {
+      const reason: LostReason = event.reason;
+      void reason;
+    }
+  },
+});
+
+export async function use(): Promise<number> {
+  const options: AcquireOptions = { ttl: 1000, autoExtend: { maxHold: 10_000, interval: 300, maxEventLoopLag: 300 } };
+  await using lock: Lock = await locker.acquire('k', options);
+  const fence: number | undefined = lock.fence;
+  const state: 'held' | 'lost' | 'released' = lock.state;
+  await lock.extend(2000);
+  const held: boolean = await lock.isHeld();
+  const signal: AbortSignal = lock.signal;
+  const maybe: Lock | null = await locker.tryAcquire('t', { ttl: 100 });
+  await using set: LockSet = await locker.acquireMany(['a', 'b'], { ttl: 1000 });
+  const n = await locker.withLock('w', { ttl: 1000 }, async (l) => l.heldMs);
+  try {
+    await locker.acquire('x', { ttl: 1, signal });
+  } catch (e) {
+    if (e instanceof LockHeldError) console.log(e.attempts, e.elapsedMs, e.reason);
+    if (e instanceof LockLostError) console.log(e.completed, e.result, e.reason);
+    if (e instanceof ValidationError) console.log(e.field);
+    if (e instanceof BackendError) console.log(e.backend, e.kind);
+    if (e instanceof LockStateError || e instanceof LoccoError) console.log(e.code);
+  }
+  void [fence, state, held, maybe, set.locks.length];
+  return n;
+}
+
+runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
+runLockAdapterContract('async', async () => ({ adapter, cleanup: async () => {} }));

@@ -1,0 +1,190 @@
+/** A backend. Built-in adapters come from `locco-rs/memory`; any object with these methods works. */
+export interface LockAdapter {
+  /** Sets key = token with a lease of ttl ms when the key is free or expired. */
+  acquire(input: { key: string; token: string; ttl: number }): Promise<boolean>;
+  /** Deletes key when it carries token. */
+  release(input: { key: string; token: string }): Promise<boolean>;
+  /** A new lease of ttl ms from now when key carries token and is live. Never re-creates a key. */
+  extend(input: { key: string; token: string; ttl: number }): Promise<boolean>;
+  /** Whether key carries token and a live lease. */
+  isHeld(input: { key: string; token: string }): Promise<boolean>;
+  /** For `fencing: true`: acquire and take the key's next fencing token; null when held. */
+  acquireFenced?(input: { key: string; token: string; ttl: number }): Promise<number | null>;
+}
+
+export interface DelayInput {
+  /** The attempt that just failed, from 1. */
+  attempt: number;
+  /** Milliseconds since the acquisition started. */
+  elapsedMs: number;
+  /** The previous wait, 0 before the first. */
+  previousDelay: number;
+}
+
+/** Milliseconds to wait before the next attempt. */
+export type DelayFn = (input: DelayInput) => number | Promise<number>;
+
+export interface RetryOptions {
+  /** Attempts after the first. 0 is one attempt; Infinity runs until timeout or the signal. Default 10. */
+  retries?: number;
+  /** Milliseconds between attempts, or a function of the attempt. Default 200. */
+  delay?: number | DelayFn;
+  /** Budget for the whole acquisition, waits included, in ms. Default none. */
+  timeout?: number;
+}
+
+export interface AutoExtendOptions {
+  /** Ms between extensions, counted from when the previous request left. Default ttl/3, at most ttl/2. */
+  interval?: number;
+  /** Hold deadline in ms from acquisition. Required: a heartbeat always has a deadline. */
+  maxHold: number;
+  /** An extension goes out only if the event loop ran within this many ms of its due time. Default: the interval. */
+  maxEventLoopLag?: number;
+}
+
+export interface AcquireOptions {
+  /** Lease length in ms: a whole number from 1 to 2^31-1. */
+  ttl: number;
+  retry?: RetryOptions;
+  /** Stops the retry loop; a grant in flight is given back. acquire then rejects with signal.reason. */
+  signal?: AbortSignal;
+  autoExtend?: AutoExtendOptions;
+}
+
+export interface TryAcquireOptions {
+  ttl: number;
+  autoExtend?: AutoExtendOptions;
+}
+
+export type LostReason =
+  | 'extend'
+  | 'extend-failed'
+  | 'late-extend'
+  | 'expired'
+  | 'max-hold'
+  | 'release'
+  | 'observed';
+
+export type LockEvent =
+  | { type: 'acquired'; key: string; ttl: number; waitedMs: number; attempts: number }
+  | { type: 'contended'; key: string; ttl: number; attempt: number; elapsedMs: number; reason: 'held' | 'late' }
+  | { type: 'extended'; key: string; ttl: number; heldMs: number }
+  | { type: 'extendFailed'; key: string; ttl: number; heldMs: number; error: unknown }
+  | { type: 'released'; key: string; ttl: number; heldMs: number }
+  | { type: 'lost'; key: string; ttl: number; heldMs: number; reason: LostReason; error?: unknown }
+  | { type: 'releaseFailed'; key: string; ttl: number; heldMs: number; error: unknown };
+
+export interface LockerOptions {
+  adapter: LockAdapter;
+  /** Default retry policy; each call can override a field. */
+  retry?: RetryOptions;
+  /** Prepended to every key. */
+  keyPrefix?: string;
+  /** Receives every event. What it throws is dropped. */
+  onEvent?: (event: LockEvent) => void;
+  /** A monotonic clock in ms. Default: the monotonic clock plus pauses the wall clock saw. */
+  now?: () => number;
+  /** The value stored under a key. Default: 16 random bytes as hex. */
+  token?: () => string;
+  /** Take a fencing token with every acquisition, as lock.fence. */
+  fencing?: boolean;
+}
+
+/** A held lease. */
+export declare class Lock implements AsyncDisposable {
+  private constructor();
+  /** The key, prefix included. */
+  readonly key: string;
+  readonly token: string;
+  /** The latest lease length asked for, in ms. */
+  readonly ttl: number;
+  /** The merged retry policy of the acquisition. */
+  readonly retry: Required<Pick<RetryOptions, 'retries' | 'delay'>> & { timeout: number | undefined };
+  /** The fencing token of this grant, when the Locker's fencing is on. */
+  readonly fence: number | undefined;
+  /** Read on the clock: a lease that ran out reads 'lost' even before a timer noticed. */
+  readonly state: 'held' | 'lost' | 'released';
+  readonly lostReason: LostReason | undefined;
+  /** How long the lock was held; stops counting at loss or release. */
+  readonly heldMs: number;
+  /** Aborts with a LockLostError as its reason on every known loss. */
+  readonly signal: AbortSignal;
+  /** true when our key was deleted, false when it was gone or another holder's. */
+  release(): Promise<boolean>;
+  /** A new lease of ttl ms from now, clamped to the hold deadline. */
+  extend(ttl: number): Promise<void>;
+  /** One look at the backend; a false while held marks the lock lost. */
+  isHeld(): Promise<boolean>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/** Locks taken together by acquireMany. */
+export declare class LockSet implements AsyncDisposable {
+  private constructor();
+  readonly locks: readonly Lock[];
+  /** Aborts when any lock of the set is lost. */
+  readonly signal: AbortSignal;
+  /** true when every lock deleted its key. */
+  release(): Promise<boolean>;
+  extend(ttl: number): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+export declare class Locker {
+  constructor(options: LockerOptions);
+  /** Acquires key, retrying while another holder has it. Rejects with LockHeldError when the budget runs out. */
+  acquire(key: string, options: AcquireOptions): Promise<Lock>;
+  /** One attempt: the lock, or null when another holder has the key. */
+  tryAcquire(key: string, options: TryAcquireOptions): Promise<Lock | null>;
+  /** Acquires, runs fn, releases. */
+  withLock<T>(key: string, options: AcquireOptions, fn: (lock: Lock) => T | Promise<T>): Promise<T>;
+  /** Acquires every key in sorted order; one timeout budget, retries per key. */
+  acquireMany(keys: readonly string[], options: AcquireOptions): Promise<LockSet>;
+}
+
+export interface ExponentialBackoffOptions {
+  /** The first wait, in ms. */
+  base: number;
+  /** The longest wait, in ms. */
+  max: number;
+  /** Growth per attempt. Default 2. */
+  factor?: number;
+  /** Draw each wait from the upper half of its value. Default true. */
+  jitter?: boolean;
+}
+
+export declare function exponentialBackoff(options: ExponentialBackoffOptions): DelayFn;
+
+export declare class LoccoError extends Error {
+  readonly code: string;
+}
+export declare class LockHeldError extends LoccoError {
+  readonly code: 'LOCK_HELD';
+  readonly key: string;
+  readonly attempts: number;
+  readonly elapsedMs: number;
+  readonly reason: 'held' | 'late' | 'late-acquire';
+}
+export declare class LockLostError<T = unknown> extends LoccoError {
+  readonly code: 'LOCK_LOST';
+  readonly key: string;
+  readonly reason: LostReason;
+  readonly cause?: unknown;
+  /** From withLock: the work finished (and returned `result`) without a lock. */
+  readonly completed?: boolean;
+  readonly result?: T;
+}
+export declare class LockStateError extends LoccoError {
+  readonly code: 'LOCK_STATE';
+}
+export declare class ValidationError extends LoccoError {
+  readonly code: 'LOCK_VALIDATION';
+  /** The option or argument at fault. */
+  readonly field: string;
+}
+export declare class BackendError extends LoccoError {
+  readonly code: 'LOCK_BACKEND';
+  readonly backend: string;
+  readonly kind: 'io' | 'timeout' | 'auth' | 'tls' | 'protocol' | 'script' | 'config' | 'other';
+  readonly serverCode?: string;
+}
