@@ -64,6 +64,12 @@ const peerAcquire = async () => {
   return async () => release();
 };
 
+// One unmeasured round of each, so the JIT has compiled both sides before timing starts.
+await sequential(peerPair);
+await sequential(oursPair);
+await contended(peerAcquire);
+await contended(oursAcquire);
+
 const rows = { seqOurs: [], seqPeer: [], conOurs: [], conPeer: [] };
 for (let run = 0; run < RUNS; run++) {
   rows.seqPeer.push(await sequential(peerPair));

@@ -292,7 +292,9 @@ class Locker {
       let r;
       if (isTtlOnly(key, options)) {
         const opId = nextOpId();
-        r = answer(native.acquireTtl(this._id, mode, key, options.ttl, opId), opId);
+        const toLock = (id) => (id === null ? null : this._lock(id, key, options));
+        r = answer(native.acquireTtl(this._id, mode, key, options.ttl, opId), opId, toLock);
+        if (typeof r === 'object' && r !== null) return r;
       } else {
         const args = this._args(key, options, signal, mode === 1);
         const start = (abortId) => {

@@ -78,9 +78,9 @@ function callHost(fn, arg, opId) {
 // background work (heartbeats, expiry checks) does not.
 let keepAlive;
 
-function wait(opId) {
+function wait(opId, map) {
   return new Promise((resolve, reject) => {
-    waiting.set(opId, { resolve, reject });
+    waiting.set(opId, { resolve, reject, map });
     keepAlive ??= setInterval(() => {}, 2 ** 30);
   });
 }
@@ -95,7 +95,14 @@ const hub = {
       keepAlive = undefined;
     }
     if (isError) w.reject(value);
-    else w.resolve(value);
+    else if (w.map === undefined) w.resolve(value);
+    else {
+      try {
+        w.resolve(w.map(value));
+      } catch (error) {
+        w.reject(error);
+      }
+    }
   },
   event(lockerId, type, key, ttl, a, b, reason, error) {
     const l = lockers.get(lockerId);
@@ -130,10 +137,10 @@ native.init(hub, () => {});
 
 /**
  * The result of a native operation: the value itself when it finished within the call
- * (so the fast path makes no promise here), else a promise.
+ * (so the fast path makes no promise here), else a promise of `map(value)`.
  */
-function answer(r, opId) {
-  if (r === PENDING) return wait(opId);
+function answer(r, opId, map) {
+  if (r === PENDING) return wait(opId, map);
   if (r === FAILED) throw native.takeError();
   return r;
 }
