@@ -325,6 +325,36 @@ fn acquire_options(
     Ok(options)
 }
 
+/// The Locker and one acquisition's options, from an export's arguments.
+#[allow(clippy::too_many_arguments)]
+fn prepare(
+    locker_id: u32,
+    ttl: f64,
+    retries: Option<f64>,
+    delay_ms: Option<f64>,
+    delay_id: Option<u32>,
+    timeout: Option<f64>,
+    auto_extend: bool,
+    interval: Option<f64>,
+    max_hold: Option<f64>,
+    max_lag: Option<f64>,
+) -> Result<(Locker, AcquireOptions), Error> {
+    let l = locker(locker_id)?;
+    let o = acquire_options(
+        &l,
+        ttl,
+        retries,
+        delay_ms,
+        delay_id,
+        timeout,
+        auto_extend,
+        interval,
+        max_hold,
+        max_lag,
+    )?;
+    Ok((l, o))
+}
+
 /// Acquires a key. `mode`: 0 acquire (retries), 1 tryAcquire (one attempt, null when held).
 /// Answers the lock id (or null).
 #[napi(catch_unwind)]
@@ -345,21 +375,18 @@ pub fn acquire(
     abort_id: Option<u32>,
     op_id: f64,
 ) -> Raw {
-    let prepared = locker(locker_id).and_then(|l| {
-        let o = acquire_options(
-            &l,
-            ttl,
-            retries,
-            delay_ms,
-            delay_id,
-            timeout,
-            auto_extend,
-            interval,
-            max_hold,
-            max_lag,
-        )?;
-        Ok((l, o))
-    });
+    let prepared = prepare(
+        locker_id,
+        ttl,
+        retries,
+        delay_ms,
+        delay_id,
+        timeout,
+        auto_extend,
+        interval,
+        max_hold,
+        max_lag,
+    );
     let (locker, options) = match prepared {
         Ok(p) => p,
         Err(e) => return ops::fail(e),
@@ -420,21 +447,18 @@ pub fn acquire_many(
     abort_id: Option<u32>,
     op_id: f64,
 ) -> Raw {
-    let prepared = locker(locker_id).and_then(|l| {
-        let o = acquire_options(
-            &l,
-            ttl,
-            retries,
-            delay_ms,
-            delay_id,
-            timeout,
-            auto_extend,
-            interval,
-            max_hold,
-            max_lag,
-        )?;
-        Ok((l, o))
-    });
+    let prepared = prepare(
+        locker_id,
+        ttl,
+        retries,
+        delay_ms,
+        delay_id,
+        timeout,
+        auto_extend,
+        interval,
+        max_hold,
+        max_lag,
+    );
     let (locker, options) = match prepared {
         Ok(p) => p,
         Err(e) => return ops::fail(e),
