@@ -296,7 +296,7 @@ class Locker {
         r = answer(native.acquireTtl(this._id, mode, key, options.ttl, opId), opId, toLock);
         if (typeof r === 'object' && r !== null) return r;
       } else {
-        const args = this._args(key, options, signal, mode === 1);
+        const args = this._args(key, options, mode === 1);
         const start = (abortId) => {
           const opId = nextOpId();
           return answer(native.acquire(this._id, mode, ...args, abortId, opId), opId);
@@ -347,7 +347,7 @@ class Locker {
     });
   }
 
-  _args(key, options, signal, single) {
+  _args(key, options, single) {
     if (typeof key !== 'string') throw validation('key', `must be a string, got ${typeof key}`);
     if (!isObject(options)) throw validation('options', 'must be an object with a ttl');
     if (options.ttl === undefined) throw validation('ttl', 'is required (lease length in ms)');
@@ -419,10 +419,10 @@ class Locker {
         throw validation('keys', 'must be an array of strings');
       }
       const signal = options && options.signal;
-      const args = this._args(keys[0] ?? '', options, signal, false).slice(1);
+      const args = this._args(keys[0] ?? '', options, false).slice(1);
       const start = (abortId) => {
         const opId = nextOpId();
-        return answer(native.acquireMany(this._id, keys, ...args, abortId, opId), opId);
+        return answer(native.acquire(this._id, 2, keys, ...args, abortId, opId), opId);
       };
       const run = signal !== undefined ? this._withSignal(signal, start) : Promise.resolve().then(() => start(undefined));
       return run.then((ids) => new LockSet(ids.map((id) => this._lock(id, undefined, options))));

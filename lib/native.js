@@ -165,6 +165,5 @@ module.exports = {
   delays,
   lossHandlers,
   ABORTED,
-  FAILED,
   ADAPTER_METHODS,
 };

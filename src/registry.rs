@@ -9,6 +9,7 @@ use locco_core::{
     validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Backoff, Delay, Error, Lock,
     LockState, Locker, LockerOptions, MemoryBackend, RetryOverrides, Runtime,
 };
+use napi::bindgen_prelude::Either;
 use napi_derive::napi;
 
 use crate::executor::Spawner;
@@ -325,44 +326,14 @@ fn acquire_options(
     Ok(options)
 }
 
-/// The Locker and one acquisition's options, from an export's arguments.
-#[allow(clippy::too_many_arguments)]
-fn prepare(
-    locker_id: u32,
-    ttl: f64,
-    retries: Option<f64>,
-    delay_ms: Option<f64>,
-    delay_id: Option<u32>,
-    timeout: Option<f64>,
-    auto_extend: bool,
-    interval: Option<f64>,
-    max_hold: Option<f64>,
-    max_lag: Option<f64>,
-) -> Result<(Locker, AcquireOptions), Error> {
-    let l = locker(locker_id)?;
-    let o = acquire_options(
-        &l,
-        ttl,
-        retries,
-        delay_ms,
-        delay_id,
-        timeout,
-        auto_extend,
-        interval,
-        max_hold,
-        max_lag,
-    )?;
-    Ok((l, o))
-}
-
-/// Acquires a key. `mode`: 0 acquire (retries), 1 tryAcquire (one attempt, null when held).
-/// Answers the lock id (or null).
+/// Acquires. `mode`: 0 acquire (retries), 1 tryAcquire (one attempt, null when held), 2
+/// acquireMany (`keys` is then an array). Answers a lock id, null, or the ids in key order.
 #[napi(catch_unwind)]
 #[allow(clippy::too_many_arguments)]
 pub fn acquire(
     locker_id: u32,
     mode: u32,
-    key: String,
+    keys: Either<String, Vec<String>>,
     ttl: f64,
     retries: Option<f64>,
     delay_ms: Option<f64>,
@@ -375,24 +346,27 @@ pub fn acquire(
     abort_id: Option<u32>,
     op_id: f64,
 ) -> Raw {
-    let prepared = prepare(
-        locker_id,
-        ttl,
-        retries,
-        delay_ms,
-        delay_id,
-        timeout,
-        auto_extend,
-        interval,
-        max_hold,
-        max_lag,
-    );
+    let prepared = locker(locker_id).and_then(|l| {
+        let o = acquire_options(
+            &l,
+            ttl,
+            retries,
+            delay_ms,
+            delay_id,
+            timeout,
+            auto_extend,
+            interval,
+            max_hold,
+            max_lag,
+        )?;
+        Ok((l, o))
+    });
     let (locker, options) = match prepared {
         Ok(p) => p,
         Err(e) => return ops::fail(e),
     };
     let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&id).cloned()));
-    start_acquire(locker, mode, key, options, abort, op_id)
+    start_acquire(locker, mode, keys, options, abort, op_id)
 }
 
 /// `acquire` with only a ttl: the Locker's retry policy, no heartbeat, no signal. The common
@@ -405,7 +379,7 @@ pub fn acquire_ttl(locker_id: u32, mode: u32, key: String, ttl: f64, op_id: f64)
         Ok((l, options))
     });
     match prepared {
-        Ok((locker, options)) => start_acquire(locker, mode, key, options, None, op_id),
+        Ok((locker, options)) => start_acquire(locker, mode, Either::A(key), options, None, op_id),
         Err(e) => ops::fail(e),
     }
 }
@@ -413,60 +387,26 @@ pub fn acquire_ttl(locker_id: u32, mode: u32, key: String, ttl: f64, op_id: f64)
 fn start_acquire(
     locker: Locker,
     mode: u32,
-    key: String,
+    keys: Either<String, Vec<String>>,
     options: AcquireOptions,
     abort: Option<Abort>,
     op_id: f64,
 ) -> Raw {
     ops::run(op_id, async move {
-        if mode == 1 {
-            let lock = locker.try_acquire(&key, options).await?;
-            Ok(lock.map_or(Answer::Null, |l| Answer::Number(keep(l))))
-        } else {
-            let lock = locker.acquire(&key, options, abort).await?;
-            Ok(Answer::Number(keep(lock)))
+        match (mode, keys) {
+            (_, Either::B(keys)) => {
+                let locks = locker.acquire_many(&keys, options, abort).await?;
+                Ok(Answer::Numbers(locks.into_iter().map(keep).collect()))
+            }
+            (1, Either::A(key)) => {
+                let lock = locker.try_acquire(&key, options).await?;
+                Ok(lock.map_or(Answer::Null, |l| Answer::Number(keep(l))))
+            }
+            (_, Either::A(key)) => {
+                let lock = locker.acquire(&key, options, abort).await?;
+                Ok(Answer::Number(keep(lock)))
+            }
         }
-    })
-}
-
-/// Acquires a set of keys; answers their lock ids in key order.
-#[napi(catch_unwind)]
-#[allow(clippy::too_many_arguments)]
-pub fn acquire_many(
-    locker_id: u32,
-    keys: Vec<String>,
-    ttl: f64,
-    retries: Option<f64>,
-    delay_ms: Option<f64>,
-    delay_id: Option<u32>,
-    timeout: Option<f64>,
-    auto_extend: bool,
-    interval: Option<f64>,
-    max_hold: Option<f64>,
-    max_lag: Option<f64>,
-    abort_id: Option<u32>,
-    op_id: f64,
-) -> Raw {
-    let prepared = prepare(
-        locker_id,
-        ttl,
-        retries,
-        delay_ms,
-        delay_id,
-        timeout,
-        auto_extend,
-        interval,
-        max_hold,
-        max_lag,
-    );
-    let (locker, options) = match prepared {
-        Ok(p) => p,
-        Err(e) => return ops::fail(e),
-    };
-    let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&id).cloned()));
-    ops::run(op_id, async move {
-        let locks = locker.acquire_many(&keys, options, abort).await?;
-        Ok(Answer::Numbers(locks.into_iter().map(keep).collect()))
     })
 }
 

@@ -125,8 +125,7 @@ impl Lock {
     /// How long the lock has been held; stops counting at loss or release.
     pub fn held_ms(&self) -> f64 {
         self.0.refresh();
-        let end = self.0.ended_at.get().unwrap_or_else(|| self.0.now());
-        (end - self.0.acquired_at).max(0.0)
+        self.0.held_ms()
     }
     /// When the local lease ends, on the Locker's clock.
     pub fn lease_end(&self) -> f64 {

@@ -4,7 +4,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::backend::{Backend, Op, Waiter};
-use crate::error::{Error, HeldReason, LostReason, Result};
+use crate::error::{Error, HeldReason, Result};
 use crate::events::Event;
 use crate::lock::{lease_end, Heartbeat, Lock, LockInner, LockState};
 use crate::options::{random_token, validate_key, AcquireOptions, LockerOptions};
@@ -523,18 +523,5 @@ struct NeverReleased;
 impl Waiter for NeverReleased {
     fn released(&mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> {
         Box::pin(std::future::pending())
-    }
-}
-
-impl Lock {
-    /// Why the lock was lost, as an error (for `withLock`-style callers).
-    pub fn lost_error(&self) -> Option<Error> {
-        (self.state() == LockState::Lost || self.0.lost_reason.get().is_some())
-            .then(|| self.0.lost_error())
-    }
-
-    /// True when the lock was lost for `reason`.
-    pub fn lost_for(&self, reason: LostReason) -> bool {
-        self.lost_reason() == Some(reason)
     }
 }

@@ -167,6 +167,19 @@ impl Harness {
             .run_until(async move { locker.acquire(&key, options, None).await.unwrap() })
     }
 
+    /// Starts an acquisition in the background, to be driven by moving the clock.
+    fn spawn_acquire(
+        &self,
+        key: &str,
+        options: AcquireOptions,
+    ) -> futures_util::future::RemoteHandle<Result<Lock>> {
+        let (locker, key) = (self.locker.clone(), key.to_owned());
+        self.pool
+            .spawner()
+            .spawn_local_with_handle(async move { locker.acquire(&key, options, None).await })
+            .unwrap()
+    }
+
     fn events(&self) -> Vec<String> {
         self.events.0.borrow().clone()
     }
@@ -397,16 +410,7 @@ fn retries_count_attempts_and_give_up_with_held() {
         delay: Delay::Fixed(100.0),
         timeout: None,
     };
-    let locker = h.locker.clone();
-    let task = h
-        .pool
-        .spawner()
-        .spawn_local_with_handle(async move {
-            locker
-                .acquire("k", AcquireOptions::new(100).with_retry(policy), None)
-                .await
-        })
-        .unwrap();
+    let task = h.spawn_acquire("k", AcquireOptions::new(100).with_retry(policy));
     h.run_to(1300.0);
     match h.pool.run_until(task) {
         Err(Error::Held {
@@ -428,16 +432,7 @@ fn the_timeout_is_one_budget_and_no_wait_starts_after_it() {
         delay: Delay::Fixed(100.0),
         timeout: Some(250.0),
     };
-    let locker = h.locker.clone();
-    let task = h
-        .pool
-        .spawner()
-        .spawn_local_with_handle(async move {
-            locker
-                .acquire("k", AcquireOptions::new(100).with_retry(policy), None)
-                .await
-        })
-        .unwrap();
+    let task = h.spawn_acquire("k", AcquireOptions::new(100).with_retry(policy));
     h.run_to(1250.0);
     match h.pool.run_until(task) {
         Err(Error::Held {
