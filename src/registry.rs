@@ -128,43 +128,27 @@ pub fn adapter_call(
         Ok(b) => b,
         Err(e) => return ops::fail(e),
     };
-    let ttl_ok = || validate_ttl("ttl", ttl).map(|()| ttl as u32);
-    let fut: std::pin::Pin<Box<dyn std::future::Future<Output = Result<Answer, Error>>>> =
-        match method {
-            m if m == host::ACQUIRE => match ttl_ok() {
-                Ok(t) => {
-                    let op = backend.acquire(&key, &token, t);
-                    Box::pin(async move { op.await.map(Answer::Bool) })
-                }
-                Err(e) => return ops::fail(e),
-            },
-            m if m == host::RELEASE => {
-                let op = backend.release(&key, &token);
-                Box::pin(async move { op.await.map(Answer::Bool) })
-            }
-            m if m == host::EXTEND => match ttl_ok() {
-                Ok(t) => {
-                    let op = backend.extend(&key, &token, t);
-                    Box::pin(async move { op.await.map(Answer::Bool) })
-                }
-                Err(e) => return ops::fail(e),
-            },
-            m if m == host::IS_HELD => {
-                let op = backend.is_held(&key, &token);
-                Box::pin(async move { op.await.map(Answer::Bool) })
-            }
-            _ => match ttl_ok() {
-                Ok(t) => {
-                    let op = backend.acquire_fenced(&key, &token, t);
-                    Box::pin(async move {
-                        op.await
-                            .map(|f| f.map_or(Answer::Null, |n| Answer::Number(n as f64)))
-                    })
-                }
-                Err(e) => return ops::fail(e),
-            },
-        };
-    ops::run(op_id, fut)
+    let takes_ttl = method != host::RELEASE && method != host::IS_HELD;
+    if takes_ttl {
+        if let Err(e) = validate_ttl("ttl", ttl) {
+            return ops::fail(e);
+        }
+    }
+    let ttl = ttl as u32;
+    let boolean = |op: locco_core::Op<bool>| async move { op.await.map(Answer::Bool) };
+    match method {
+        m if m == host::ACQUIRE => ops::run(op_id, boolean(backend.acquire(&key, &token, ttl))),
+        m if m == host::RELEASE => ops::run(op_id, boolean(backend.release(&key, &token))),
+        m if m == host::EXTEND => ops::run(op_id, boolean(backend.extend(&key, &token, ttl))),
+        m if m == host::IS_HELD => ops::run(op_id, boolean(backend.is_held(&key, &token))),
+        _ => {
+            let op = backend.acquire_fenced(&key, &token, ttl);
+            ops::run(op_id, async move {
+                op.await
+                    .map(|f| f.map_or(Answer::Null, |n| Answer::Number(n as f64)))
+            })
+        }
+    }
 }
 
 /// A native exponential backoff; answers a delay id.
