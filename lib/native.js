@@ -8,7 +8,8 @@ const errors = require('./errors.js');
 const PENDING = -1;
 const FAILED = -2;
 
-const waiting = new Map(); // opId -> { resolve, reject }
+const waiting = new Map(); // opId -> { resolve, reject, map }
+const early = new Map(); // opId -> [value, isError], settled before anyone waited
 const foreign = new Map(); // id -> a value thrown by user code, kept while Rust refers to it
 const lockers = new Map(); // lockerId -> { onEvent, token }
 const clocks = new Map(); // clockId -> () => number
@@ -81,6 +82,12 @@ let keepAlive;
 function wait(opId, map) {
   return new Promise((resolve, reject) => {
     waiting.set(opId, { resolve, reject, map });
+    const settled = early.get(opId);
+    if (settled !== undefined) {
+      early.delete(opId);
+      hub.settle(opId, settled[0], settled[1]);
+      return;
+    }
     keepAlive ??= setInterval(() => {}, 2 ** 30);
   });
 }
@@ -88,7 +95,11 @@ function wait(opId, map) {
 const hub = {
   settle(opId, value, isError) {
     const w = waiting.get(opId);
-    if (w === undefined) return;
+    if (w === undefined) {
+      // Finished within the very call that answered PENDING; `wait` picks it up.
+      early.set(opId, [value, isError]);
+      return;
+    }
     waiting.delete(opId);
     if (waiting.size === 0 && keepAlive !== undefined) {
       clearInterval(keepAlive);

@@ -91,11 +91,34 @@ impl Executor {
         self.poll_task(id, fut);
     }
 
-    fn poll_task(&self, id: u64, mut fut: LocalFuture<()>) {
-        let waker = Waker::from(Arc::new(TaskWaker {
+    /// Polls `fut` once now and answers its output if it is ready. Otherwise it goes on as a
+    /// task and `on_done` receives the output. The common case (an in-memory operation) thus
+    /// allocates the future once and never enters the task table.
+    pub fn run_now<T: 'static>(
+        &self,
+        mut fut: Pin<Box<dyn Future<Output = T>>>,
+        on_done: impl FnOnce(T) + 'static,
+    ) -> Option<T> {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let waker = self.waker(id);
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+            return Some(v);
+        }
+        let task: LocalFuture<()> = Box::pin(async move { on_done(fut.await) });
+        self.tasks.borrow_mut().insert(id, task);
+        None
+    }
+
+    fn waker(&self, id: u64) -> Waker {
+        Waker::from(Arc::new(TaskWaker {
             id,
             remote: self.remote.clone(),
-        }));
+        }))
+    }
+
+    fn poll_task(&self, id: u64, mut fut: LocalFuture<()>) {
+        let waker = self.waker(id);
         let mut cx = Context::from_waker(&waker);
         // A panic inside the engine ends this task only; its caller hears of it through the
         // `Guarded` wrapper of the operation.
@@ -114,12 +137,16 @@ impl Executor {
             return;
         }
         loop {
-            let remote: Vec<u64> = {
-                let mut q = self.remote.queue.lock().unwrap_or_else(|e| e.into_inner());
-                self.remote.scheduled.store(false, Ordering::Release);
-                std::mem::take(&mut *q)
-            };
-            self.ready.borrow_mut().extend(remote);
+            // Other threads set `scheduled` after queueing, so the lock is taken only when
+            // something is there (a push racing this check triggers another drain).
+            if self.remote.scheduled.load(Ordering::Acquire) {
+                let remote: Vec<u64> = {
+                    let mut q = self.remote.queue.lock().unwrap_or_else(|e| e.into_inner());
+                    self.remote.scheduled.store(false, Ordering::Release);
+                    std::mem::take(&mut *q)
+                };
+                self.ready.borrow_mut().extend(remote);
+            }
             let next = self.ready.borrow_mut().pop_front();
             let Some(id) = next else { break };
             let task = self.tasks.borrow_mut().remove(&id);
@@ -149,12 +176,14 @@ impl locco_core::Spawn for Spawner {
 }
 
 /// Runs `fut`, turning a panic into `Err(message)`.
-pub struct Guarded<F>(pub Pin<Box<F>>);
+pub struct Guarded<F>(pub F);
 
 impl<F: Future> Future for Guarded<F> {
     type Output = Result<F::Output, String>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match catch_unwind(AssertUnwindSafe(|| self.0.as_mut().poll(cx))) {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: structural pinning: the inner future is never moved out of `self`.
+        let fut = unsafe { self.map_unchecked_mut(|g| &mut g.0) };
+        match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
             Ok(Poll::Pending) => Poll::Pending,
             Err(panic) => Poll::Ready(Err(panic_message(panic))),

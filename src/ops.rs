@@ -99,28 +99,18 @@ fn flatten(r: Result<Result<Answer, Error>, String>) -> Result<Answer, Error> {
 
 /// Runs an engine operation for JavaScript (see the module docs).
 pub fn run(op_id: f64, fut: impl Future<Output = Result<Answer, Error>> + 'static) -> Raw {
-    let early: Rc<RefCell<Option<Result<Answer, Error>>>> = Rc::default();
-    let returned = Rc::new(Cell::new(false));
-    let (early2, returned2) = (early.clone(), returned.clone());
-    executor::spawn(Box::pin(async move {
-        let result = flatten(Guarded(Box::pin(fut)).await);
-        if !returned2.get() {
-            *early2.borrow_mut() = Some(result);
-            return;
-        }
-        let (value, is_error) = match &result {
+    let settle = move |r| {
+        let (value, is_error) = match flatten(r) {
             Ok(a) => (a.to_js(), false),
-            Err(e) => (hub::error_value(e), true),
+            Err(e) => (hub::error_value(&e), true),
         };
-        let _ = hub::call(
-            Fn_::Settle,
-            &[hub::num(op_id), value, hub::boolean(is_error)],
-        );
-    }));
+        let _ = hub::call(Fn_::Settle, &[hub::num(op_id), value, hub::boolean(is_error)]);
+    };
+    let done = executor::EXECUTOR.with(|e| e.run_now(Box::pin(Guarded(fut)), settle));
+    // Tasks this call woke (a waiter handed the key on release) run before it returns; one of
+    // them may be this operation, which then settles before the facade waits: it keeps that.
     executor::drain();
-    returned.set(true);
-    let done = early.borrow_mut().take();
-    match done {
+    match done.map(flatten) {
         None => Raw(hub::num(PENDING)),
         Some(Ok(a)) => Raw(a.to_js()),
         Some(Err(e)) => fail(e),
