@@ -104,7 +104,10 @@ pub fn run(op_id: f64, fut: impl Future<Output = Result<Answer, Error>> + 'stati
             Ok(a) => (a.to_js(), false),
             Err(e) => (hub::error_value(&e), true),
         };
-        let _ = hub::call(Fn_::Settle, &[hub::num(op_id), value, hub::boolean(is_error)]);
+        let _ = hub::call(
+            Fn_::Settle,
+            &[hub::num(op_id), value, hub::boolean(is_error)],
+        );
     };
     let done = executor::EXECUTOR.with(|e| e.run_now(Box::pin(Guarded(fut)), settle));
     // Tasks this call woke (a waiter handed the key on release) run before it returns; one of

@@ -35,5 +35,5 @@ pub use options::{
 };
 pub use retry::{Backoff, Delay, DelayFn, DelayInput, RetryOverrides, RetryPolicy};
 pub use runtime::{Abort, LocalFuture, Runtime, Spawn};
-pub use timer::{sleep_until, ManualClock, Sleep, ThreadTimer, Timer};
+pub use timer::{sleep_until, LocalTimer, ManualClock, Sleep, ThreadTimer, Timer};
 pub use waiters::LocalWaiters;

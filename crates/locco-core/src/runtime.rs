@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 use crate::clock::{Clock, LeaseClock};
-use crate::timer::{ThreadTimer, Timer};
+use crate::timer::{LocalTimer, ThreadTimer, Timer};
 
 pub type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
 
@@ -28,11 +28,11 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// The system lease clock and the process-wide timer thread.
+    /// The system lease clock, and this thread's sleeps over the process-wide timer thread.
     pub fn system(spawner: Rc<dyn Spawn>) -> Self {
         Runtime {
             clock: Rc::new(LeaseClock::system()),
-            timer: Rc::new(ThreadTimer),
+            timer: Rc::new(LocalTimer::new(Rc::new(ThreadTimer), spawner.clone())),
             spawner,
         }
     }

@@ -217,3 +217,169 @@ impl Timer for Rc<ManualClock> {
         }))
     }
 }
+
+/// The sleeps of one thread, in an ordered map on that thread; only the earliest is handed to
+/// the base timer. Registering or cancelling a sleep is then a map operation, with no lock
+/// and no wake-up of the timer thread, which matters when every contended acquisition waits.
+#[derive(Clone)]
+pub struct LocalTimer(Rc<LocalTimerState>);
+
+struct LocalTimerState {
+    base: Rc<dyn Timer>,
+    spawner: Rc<dyn crate::runtime::Spawn>,
+    entries: RefCell<std::collections::BTreeMap<(Instant, u64), Waker>>,
+    next_id: Cell<u64>,
+    driving: Cell<bool>,
+    /// The deadline the driver sleeps until, and its waker, to wake it for an earlier one.
+    armed: RefCell<Option<(Instant, Waker)>>,
+}
+
+impl LocalTimer {
+    pub fn new(base: Rc<dyn Timer>, spawner: Rc<dyn crate::runtime::Spawn>) -> Self {
+        LocalTimer(Rc::new(LocalTimerState {
+            base,
+            spawner,
+            entries: RefCell::default(),
+            next_id: Cell::new(0),
+            driving: Cell::new(false),
+            armed: RefCell::new(None),
+        }))
+    }
+}
+
+impl Timer for LocalTimer {
+    fn sleep(&self, ms: f64) -> Sleep {
+        let ms = if ms.is_finite() { ms.max(0.0) } else { 1e12 };
+        Box::pin(LocalSleep {
+            at: Instant::now() + Duration::from_micros((ms * 1000.0) as u64),
+            id: None,
+            state: self.0.clone(),
+        })
+    }
+}
+
+struct LocalSleep {
+    at: Instant,
+    id: Option<u64>,
+    state: Rc<LocalTimerState>,
+}
+
+impl Future for LocalSleep {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if Instant::now() >= self.at {
+            if let Some(id) = self.id.take() {
+                self.state.entries.borrow_mut().remove(&(self.at, id));
+            }
+            return Poll::Ready(());
+        }
+        let id = match self.id {
+            Some(id) => id,
+            None => {
+                let id = self.state.next_id.get();
+                self.state.next_id.set(id + 1);
+                self.id = Some(id);
+                id
+            }
+        };
+        self.state
+            .entries
+            .borrow_mut()
+            .insert((self.at, id), cx.waker().clone());
+        let state = &self.state;
+        if !state.driving.replace(true) {
+            state.spawner.spawn(Box::pin(drive(state.clone())));
+        } else {
+            let earlier = match &*state.armed.borrow() {
+                Some((armed, w)) if self.at < *armed => Some(w.clone()),
+                _ => None,
+            };
+            if let Some(w) = earlier {
+                w.wake();
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for LocalSleep {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.state.entries.borrow_mut().remove(&(self.at, id));
+        }
+    }
+}
+
+/// Wakes due sleeps, then sleeps on the base timer until the earliest one left.
+async fn drive(state: Rc<LocalTimerState>) {
+    loop {
+        let now = Instant::now();
+        let due: Vec<Waker> = {
+            let mut entries = state.entries.borrow_mut();
+            let later = entries.split_off(&(now, u64::MAX));
+            std::mem::replace(&mut *entries, later)
+                .into_values()
+                .collect()
+        };
+        due.into_iter().for_each(Waker::wake);
+        let earliest = state.entries.borrow().keys().next().map(|(at, _)| *at);
+        let Some(at) = earliest else {
+            state.driving.set(false);
+            *state.armed.borrow_mut() = None;
+            return;
+        };
+        let wait = state
+            .base
+            .sleep(at.saturating_duration_since(now).as_secs_f64() * 1000.0);
+        let earlier = std::future::poll_fn(|cx| {
+            let head = state.entries.borrow().keys().next().map(|(a, _)| *a);
+            if head.is_some_and(|h| h < at) {
+                return Poll::Ready(());
+            }
+            *state.armed.borrow_mut() = Some((at, cx.waker().clone()));
+            Poll::Pending
+        });
+        crate::runtime::first(wait, earlier).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_executor::LocalPool;
+    use futures_util::task::LocalSpawnExt;
+
+    struct Spawner(futures_executor::LocalSpawner);
+    impl crate::runtime::Spawn for Spawner {
+        fn spawn(&self, task: crate::runtime::LocalFuture<()>) {
+            self.0.spawn_local(task).unwrap();
+        }
+    }
+
+    #[test]
+    fn local_sleeps_wake_in_deadline_order_and_cancel_cleanly() {
+        let mut pool = LocalPool::new();
+        let timer = LocalTimer::new(Rc::new(ThreadTimer), Rc::new(Spawner(pool.spawner())));
+        let order = Rc::new(RefCell::new(Vec::new()));
+        for (name, ms) in [("late", 60.0), ("early", 20.0)] {
+            let (t, o) = (timer.clone(), order.clone());
+            pool.spawner()
+                .spawn_local(async move {
+                    t.sleep(ms).await;
+                    o.borrow_mut().push(name);
+                })
+                .unwrap();
+        }
+        // A sleep dropped before its deadline leaves nothing behind.
+        drop(timer.sleep(5.0));
+        let started = Instant::now();
+        pool.run();
+        assert_eq!(*order.borrow(), ["early", "late"]);
+        assert!(started.elapsed() >= Duration::from_millis(55));
+        assert!(timer.0.entries.borrow().is_empty());
+        assert!(
+            !timer.0.driving.get(),
+            "the driver stops when nothing is left"
+        );
+    }
+}
