@@ -188,3 +188,8 @@ export declare class BackendError extends LoccoError {
   readonly kind: 'io' | 'timeout' | 'auth' | 'tls' | 'protocol' | 'script' | 'config' | 'other';
   readonly serverCode?: string;
 }
+export declare class RedisReplicationError extends LoccoError {
+  readonly code: 'LOCK_REDIS_REPLICATION';
+  readonly replicas: number;
+  readonly acknowledged: number;
+}

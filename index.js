@@ -15,4 +15,5 @@ module.exports = {
   LockStateError: errors.LockStateError,
   ValidationError: errors.ValidationError,
   BackendError: errors.BackendError,
+  RedisReplicationError: errors.RedisReplicationError,
 };

@@ -13,4 +13,5 @@ export const {
   LockStateError,
   ValidationError,
   BackendError,
+  RedisReplicationError,
 } = cjs;

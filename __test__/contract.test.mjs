@@ -1,13 +1,22 @@
 import assert from 'node:assert/strict';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { runLockAdapterContract } from 'locco-rs/testing';
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { registerContractForTest } from './support/contract-internal.mjs';
 import { MapAdapter, UnfencedMapAdapter, brokenAdapters } from './support/map-adapter.mjs';
 import { runCollected } from './support/collect.mjs';
+import { RedisAdapter } from 'locco-rs/redis';
+import { startRedis } from './support/servers.mjs';
+
+const redis = await startRedis();
+after(() => redis.dispose());
 
 runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
 runLockAdapterContract('MapAdapter (reference, JavaScript)', async () => ({ adapter: new MapAdapter() }));
+runLockAdapterContract('RedisAdapter', () => {
+  const adapter = new RedisAdapter({ url: redis.url });
+  return { adapter, cleanup: () => adapter.close() };
+});
 runLockAdapterContract('MapAdapter without fencing', () => ({ adapter: new UnfencedMapAdapter() }));
 
 describe('the contract suite can fail', { concurrency: true }, () => {

@@ -26,28 +26,8 @@ function callNative(adapterId, method, input) {
   }
 }
 
-/**
- * Locks in this process's memory: for tests, and for one process that wants the Locker's
- * semantics without a server. Waiters are woken in arrival order when a key is released.
- */
-class InMemoryAdapter {
-  /** @param {{ now?: () => number }} [options] */
-  constructor(options = {}) {
-    if (options === null || typeof options !== 'object') {
-      throw validation('options', 'must be an object');
-    }
-    if (options.now !== undefined && typeof options.now !== 'function') {
-      throw validation('now', 'must be a function returning milliseconds');
-    }
-    const clockId = options.now ? registerClock(options.now) : undefined;
-    Object.defineProperty(this, NATIVE_ID, { value: native.createMemoryAdapter(clockId) });
-  }
-
-  /** Forgets every lock; the fencing counters stay, so tokens keep growing. */
-  clear() {
-    native.memoryClear(this[NATIVE_ID]);
-  }
-
+/** The five adapter methods of a built-in adapter, each one call into the engine. */
+class NativeAdapter {
   acquire(input) {
     return callNative(this[NATIVE_ID], ACQUIRE, input);
   }
@@ -62,6 +42,30 @@ class InMemoryAdapter {
   }
   acquireFenced(input) {
     return callNative(this[NATIVE_ID], ACQUIRE_FENCED, input);
+  }
+}
+
+/**
+ * Locks in this process's memory: for tests, and for one process that wants the Locker's
+ * semantics without a server. Waiters are woken in arrival order when a key is released.
+ */
+class InMemoryAdapter extends NativeAdapter {
+  /** @param {{ now?: () => number }} [options] */
+  constructor(options = {}) {
+    super();
+    if (options === null || typeof options !== 'object') {
+      throw validation('options', 'must be an object');
+    }
+    if (options.now !== undefined && typeof options.now !== 'function') {
+      throw validation('now', 'must be a function returning milliseconds');
+    }
+    const clockId = options.now ? registerClock(options.now) : undefined;
+    Object.defineProperty(this, NATIVE_ID, { value: native.createMemoryAdapter(clockId) });
+  }
+
+  /** Forgets every lock; the fencing counters stay, so tokens keep growing. */
+  clear() {
+    native.memoryClear(this[NATIVE_ID]);
   }
 }
 
@@ -93,4 +97,4 @@ function adapterId(adapter) {
   return id;
 }
 
-module.exports = { InMemoryAdapter, adapterId, NATIVE_ID };
+module.exports = { NativeAdapter, InMemoryAdapter, adapterId, NATIVE_ID };

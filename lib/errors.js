@@ -58,6 +58,18 @@ class BackendError extends LoccoError {
   }
 }
 
+/**
+ * `waitForReplicas`: fewer replicas acknowledged a grant or extension than asked. Thrown rather
+ * than answering false, which would claim another holder has the key.
+ */
+class RedisReplicationError extends LoccoError {
+  constructor(message, { replicas, acknowledged } = {}) {
+    super(message, 'LOCK_REDIS_REPLICATION');
+    this.replicas = replicas;
+    this.acknowledged = acknowledged;
+  }
+}
+
 function validation(field, message) {
   return new ValidationError(`invalid ${field}: ${message}`, { field });
 }
@@ -69,5 +81,6 @@ module.exports = {
   LockStateError,
   ValidationError,
   BackendError,
+  RedisReplicationError,
   validation,
 };

@@ -35,6 +35,8 @@ function makeError(d) {
       return new errors.ValidationError(d.message, d);
     case 'LOCK_BACKEND':
       return new errors.BackendError(d.message, d);
+    case 'LOCK_REDIS_REPLICATION':
+      return new errors.RedisReplicationError(d.message, d);
     case 'FOREIGN':
       return foreign.get(d.foreignId);
     case 'ABORTED':

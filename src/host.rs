@@ -6,8 +6,8 @@ use std::future::Future;
 use std::pin::Pin;
 
 use locco_core::{
-    Backend, BackendErrorKind, Clock, DelayFn, DelayInput, Error, Event, EventSink, LocalWaiters,
-    LossListener, LostReason, Op,
+    Backend, BackendErrorKind, Clock, DelayFn, DelayInput, Error, Event, EventSink, LossListener,
+    LostReason, Op,
 };
 
 use crate::hub::{self, Fn_};
@@ -24,9 +24,6 @@ pub const ACQUIRE_FENCED: f64 = 4.0;
 pub struct JsBackend {
     pub id: u32,
     pub fenced: bool,
-    /// This process's waiters, woken by this process's releases (the adapter tells us of no
-    /// others; those waiters find out on their next poll).
-    pub waiters: LocalWaiters,
 }
 
 fn protocol(what: &str) -> Error {
@@ -67,15 +64,7 @@ impl Backend for JsBackend {
         self.boolean(ACQUIRE, key, token, Some(ttl))
     }
     fn release(&self, key: &str, token: &str) -> Op<bool> {
-        let op = self.boolean(RELEASE, key, token, None);
-        let (waiters, key) = (self.waiters.clone(), key.to_owned());
-        Op::pending(async move {
-            let deleted = op.await?;
-            if deleted {
-                waiters.wake_next(&key);
-            }
-            Ok(deleted)
-        })
+        self.boolean(RELEASE, key, token, None)
     }
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         self.boolean(EXTEND, key, token, Some(ttl))
@@ -85,9 +74,6 @@ impl Backend for JsBackend {
     }
     fn supports_fencing(&self) -> bool {
         self.fenced
-    }
-    fn waiter(&self, key: &str) -> Option<Box<dyn locco_core::Waiter>> {
-        Some(self.waiters.waiter(key))
     }
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
         let op = self.call(ACQUIRE_FENCED, key, token, Some(ttl));

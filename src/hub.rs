@@ -201,6 +201,14 @@ pub fn error_value(err: &Error) -> sys::napi_value {
             }
             "LOCK_BACKEND"
         }
+        Error::Replication {
+            replicas,
+            acknowledged,
+        } => {
+            set(d, "replicas", num(*replicas as f64));
+            set(d, "acknowledged", num(*acknowledged as f64));
+            "LOCK_REDIS_REPLICATION"
+        }
         Error::Foreign(f) => {
             set(d, "foreignId", num(f.id as f64));
             "FOREIGN"

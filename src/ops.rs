@@ -42,6 +42,7 @@ impl ValidateNapiValue for Raw {}
 /// What an operation answers.
 pub enum Answer {
     Number(f64),
+    Text(String),
     Bool(bool),
     Null,
     Undefined,
@@ -52,6 +53,7 @@ impl Answer {
     fn to_js(&self) -> sys::napi_value {
         match self {
             Answer::Number(n) => hub::num(*n),
+            Answer::Text(t) => hub::string(t),
             Answer::Bool(b) => hub::boolean(*b),
             Answer::Null => hub::null(),
             Answer::Undefined => hub::undefined(),

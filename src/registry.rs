@@ -5,9 +5,10 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use locco_core::redis::{RedisBackend, RedisOptions, WaitForReplicas};
 use locco_core::{
-    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Backoff, Delay, Error, Lock,
-    LockState, Locker, LockerOptions, MemoryBackend, RetryOverrides, Runtime,
+    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Backoff, Delay, Error, LocalWakeups,
+    Lock, LockState, Locker, LockerOptions, MemoryBackend, RetryOverrides, Runtime,
 };
 use napi::bindgen_prelude::Either;
 use napi_derive::napi;
@@ -16,9 +17,11 @@ use crate::executor::Spawner;
 use crate::host::{self, Hooks, JsBackend, JsClock, JsDelay};
 use crate::ops::{self, Answer, Raw};
 
+/// Backends that cannot report releases get this process's release wake-ups.
 enum Adapter {
     Memory(Rc<MemoryBackend>),
-    Js(Rc<JsBackend>),
+    Js(Rc<LocalWakeups<JsBackend>>),
+    Redis(Rc<LocalWakeups<RedisBackend>>),
 }
 
 impl Adapter {
@@ -26,6 +29,7 @@ impl Adapter {
         match self {
             Adapter::Memory(m) => m.clone(),
             Adapter::Js(j) => j.clone(),
+            Adapter::Redis(r) => r.clone(),
         }
     }
 }
@@ -101,15 +105,96 @@ pub fn memory_clear(adapter_id: u32) {
     crate::executor::drain();
 }
 
+/// A Redis adapter; checks its options now and connects on first use (or `redisConnect`).
+#[napi(catch_unwind)]
+#[allow(clippy::too_many_arguments)]
+pub fn create_redis_adapter(
+    urls: Vec<String>,
+    cluster: bool,
+    connect_timeout: Option<f64>,
+    command_timeout: Option<f64>,
+    replicas: Option<f64>,
+    replicas_timeout: Option<f64>,
+    tls_ca: Option<String>,
+) -> Raw {
+    let ms = |field: &str, v: Option<f64>, default: u64| -> Result<u64, Error> {
+        match v {
+            None => Ok(default),
+            Some(n) if n.is_finite() && n >= 1.0 => Ok(n as u64),
+            Some(n) => Err(Error::validation(
+                field,
+                format!("must be a number of ms >= 1, got {n}"),
+            )),
+        }
+    };
+    let build = || -> Result<u32, Error> {
+        let mut options = RedisOptions::new(String::new());
+        options.urls = urls;
+        options.cluster = cluster;
+        options.connect_timeout_ms = ms("connectTimeout", connect_timeout, 5000)?;
+        options.command_timeout_ms = ms("commandTimeout", command_timeout, 5000)?;
+        options.tls_ca = tls_ca.map(String::into_bytes);
+        if let Some(r) = replicas {
+            if !(r.is_finite() && r >= 1.0 && r.fract() == 0.0) {
+                return Err(Error::validation(
+                    "waitForReplicas.replicas",
+                    "must be a whole number >= 1",
+                ));
+            }
+            options.wait_for_replicas = Some(WaitForReplicas {
+                replicas: r as u32,
+                timeout_ms: ms("waitForReplicas.timeout", replicas_timeout, 0)?,
+            });
+        }
+        let backend = RedisBackend::new(options)?;
+        let id = next_id();
+        REG.with(|r| {
+            r.borrow_mut()
+                .adapters
+                .insert(id, Adapter::Redis(Rc::new(LocalWakeups::new(backend))))
+        });
+        Ok(id)
+    };
+    match build() {
+        Ok(id) => Raw(crate::hub::num(id as f64)),
+        Err(e) => ops::fail(e),
+    }
+}
+
+fn redis_backend(adapter_id: u32) -> Option<RedisBackend> {
+    REG.with(|r| match r.borrow().adapters.get(&adapter_id) {
+        Some(Adapter::Redis(b)) => Some(b.inner().clone()),
+        _ => None,
+    })
+}
+
+/// Connects a Redis adapter; answers the warning found at connect, or null.
+#[napi(catch_unwind)]
+pub fn redis_connect(adapter_id: u32, op_id: f64) -> Raw {
+    let Some(backend) = redis_backend(adapter_id) else {
+        return ops::fail(Error::Internal(format!(
+            "unknown Redis adapter {adapter_id}"
+        )));
+    };
+    let op = backend.connect();
+    ops::run(op_id, async move {
+        Ok(op.await?.map_or(Answer::Null, Answer::Text))
+    })
+}
+
+/// Closes a Redis adapter's connections.
+#[napi(catch_unwind)]
+pub fn redis_close(adapter_id: u32) {
+    if let Some(backend) = redis_backend(adapter_id) {
+        backend.close();
+    }
+}
+
 /// An adapter written in JavaScript; the facade keeps its object under the returned id.
 #[napi(catch_unwind)]
 pub fn create_js_adapter(fenced: bool) -> u32 {
     let id = next_id();
-    let backend = Rc::new(JsBackend {
-        id,
-        fenced,
-        waiters: Default::default(),
-    });
+    let backend = Rc::new(LocalWakeups::new(JsBackend { id, fenced }));
     REG.with(|r| r.borrow_mut().adapters.insert(id, Adapter::Js(backend)));
     id
 }

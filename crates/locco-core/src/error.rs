@@ -147,6 +147,10 @@ pub enum Error {
         message: String,
         code: Option<String>,
     },
+    /// `waitForReplicas`: fewer replicas acknowledged a grant or extension than asked for.
+    /// Not contention: an acquire gives the key back, an extension keeps the lock.
+    #[error("only {acknowledged} of {replicas} replicas acknowledged the write in time")]
+    Replication { replicas: u32, acknowledged: u32 },
     /// An error raised by host code (a JavaScript adapter or delay function), passed through.
     #[error("error raised by host code")]
     Foreign(Rc<ForeignError>),

@@ -16,6 +16,8 @@ mod lock;
 mod locker;
 mod memory;
 mod options;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod retry;
 mod runtime;
 mod scheduler;
@@ -36,4 +38,4 @@ pub use options::{
 pub use retry::{Backoff, Delay, DelayFn, DelayInput, RetryOverrides, RetryPolicy};
 pub use runtime::{Abort, LocalFuture, Runtime, Spawn};
 pub use timer::{sleep_until, LocalTimer, ManualClock, Sleep, ThreadTimer, Timer};
-pub use waiters::LocalWaiters;
+pub use waiters::{LocalWaiters, LocalWakeups};

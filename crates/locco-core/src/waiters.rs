@@ -108,3 +108,58 @@ impl Drop for QueuedWaiter {
         }
     }
 }
+
+/// Adds this process's release wake-ups to a backend that cannot report releases itself:
+/// waiters are woken when a lock of this process releases the key, and poll for the rest.
+pub struct LocalWakeups<B> {
+    inner: B,
+    waiters: LocalWaiters,
+}
+
+impl<B> LocalWakeups<B> {
+    pub fn new(inner: B) -> Self {
+        LocalWakeups {
+            inner,
+            waiters: LocalWaiters::default(),
+        }
+    }
+
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+}
+
+impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> crate::Op<bool> {
+        self.inner.acquire(key, token, ttl)
+    }
+    fn release(&self, key: &str, token: &str) -> crate::Op<bool> {
+        let op = self.inner.release(key, token);
+        let (waiters, key) = (self.waiters.clone(), key.to_owned());
+        crate::Op::pending(async move {
+            let deleted = op.await?;
+            if deleted {
+                waiters.wake_next(&key);
+            }
+            Ok(deleted)
+        })
+    }
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> crate::Op<bool> {
+        self.inner.extend(key, token, ttl)
+    }
+    fn is_held(&self, key: &str, token: &str) -> crate::Op<bool> {
+        self.inner.is_held(key, token)
+    }
+    fn supports_fencing(&self) -> bool {
+        self.inner.supports_fencing()
+    }
+    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> crate::Op<Option<u64>> {
+        self.inner.acquire_fenced(key, token, ttl)
+    }
+    fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
+        Some(self.waiters.waiter(key))
+    }
+}

@@ -1,0 +1,94 @@
+// Test servers on free loopback ports, in temporary directories, stopped afterwards.
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer, connect } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitForPort(port, ms = 10_000) {
+  const end = Date.now() + ms;
+  for (;;) {
+    const ok = await new Promise((resolve) => {
+      const s = connect(port, '127.0.0.1');
+      s.once('connect', () => {
+        s.destroy();
+        resolve(true);
+      });
+      s.once('error', () => resolve(false));
+    });
+    if (ok) return;
+    if (Date.now() > end) throw new Error(`nothing listens on port ${port}`);
+    await sleep(50);
+  }
+}
+
+export function hasCommand(cmd) {
+  try {
+    execFileSync('sh', ['-c', `command -v ${cmd}`], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Starts a redis-server (or valkey-server) with `args` appended. Returns { port, url, stop,
+ * restart, pause, resume, cli }. `port` is kept across restarts.
+ */
+export async function startRedis({ binary = 'redis-server', args = [], port, tlsPort } = {}) {
+  port ??= await freePort();
+  const dir = mkdtempSync(join(tmpdir(), 'locco-redis-'));
+  let child;
+  const listenPort = tlsPort ? 0 : port;
+  const launch = async () => {
+    const base = ['--port', String(listenPort), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no'];
+    if (tlsPort) base.push('--tls-port', String(tlsPort));
+    child = spawn(binary, [...base, ...args], { stdio: 'ignore' });
+    await waitForPort(tlsPort ?? port);
+  };
+  await launch();
+  const server = {
+    port: tlsPort ?? port,
+    url: `redis://127.0.0.1:${port}`,
+    async stop() {
+      if (child && child.exitCode === null) {
+        const exited = new Promise((r) => child.once('exit', r));
+        child.kill('SIGCONT');
+        child.kill('SIGKILL');
+        await exited;
+      }
+    },
+    async restart() {
+      await server.stop();
+      await launch();
+    },
+    pause() {
+      child.kill('SIGSTOP');
+    },
+    resume() {
+      child.kill('SIGCONT');
+    },
+    cli(...cmd) {
+      return execFileSync('redis-cli', ['-p', String(port), ...cmd], { encoding: 'utf8' }).trim();
+    },
+    async dispose() {
+      await server.stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+  return server;
+}

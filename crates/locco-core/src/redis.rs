@@ -1,0 +1,711 @@
+//! The Redis/Valkey backend, standalone or Cluster.
+//!
+//! Acquire is `SET key token NX PX ttl`; release, extend and `is_held` are compare-then-act Lua
+//! scripts sent by EVALSHA, with EVAL when a restarted server has lost its script cache. The
+//! connections and their I/O live on a small Tokio runtime of this crate's own; the engine
+//! waits for answers on its thread through one-shot channels.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind};
+
+use crate::backend::{Backend, Op};
+use crate::error::{BackendErrorKind, Error};
+
+/// Deletes the key only when it still carries our token.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0";
+
+/// A new lease for our own live key. An expired key is gone, so GET finds nothing and the key
+/// is never re-created.
+const EXTEND: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0";
+
+/// Our token, with a lease still running.
+const IS_HELD: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('PTTL', KEYS[1]) > 0 then
+  return 1
+end
+return 0";
+
+/// The grant and its fencing token in one step. KEYS: lock, counter. ARGV: token, ttl ms,
+/// how long the counter outlives its last grant (ms).
+const ACQUIRE_FENCED: &str = r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return false
+end
+-- At least the server's time in microseconds: tokens keep growing even when the counter is
+-- lost to a restart without persistence, a flush or a failover. The counter breaks ties and
+-- covers a clock that steps back.
+local now = redis.call('TIME')
+local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if last >= fence then
+  fence = last + 1
+end
+local keep = math.max(tonumber(ARGV[3]), tonumber(ARGV[2]))
+redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', keep)
+return fence";
+
+/// A fence counter lives this long after its key's last grant.
+const FENCE_COUNTER_KEEP_MS: u64 = 24 * 60 * 60 * 1000;
+
+struct Scripts {
+    release: Script,
+    extend: Script,
+    is_held: Script,
+    acquire_fenced: Script,
+}
+
+fn scripts() -> &'static Scripts {
+    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| Scripts {
+        release: Script::new(RELEASE),
+        extend: Script::new(EXTEND),
+        is_held: Script::new(IS_HELD),
+        acquire_fenced: Script::new(ACQUIRE_FENCED),
+    })
+}
+
+/// The runtime every Redis connection of the process runs on: one worker thread is enough for
+/// I/O, and leaves the other core to JavaScript.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("locco-redis")
+            .enable_all()
+            .build()
+            .expect("start the locco Redis runtime")
+    })
+}
+
+/// `waitForReplicas`: a grant or extension counts only once this many replicas have it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WaitForReplicas {
+    pub replicas: u32,
+    pub timeout_ms: u64,
+}
+
+/// How to reach Redis.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// One URL (`redis://` or `rediss://`, user and password in it), or the seed nodes of a
+    /// Cluster.
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    /// Milliseconds to establish a connection. Default 5000.
+    pub connect_timeout_ms: u64,
+    /// Milliseconds to wait for any one answer. Default 5000.
+    pub command_timeout_ms: u64,
+    pub wait_for_replicas: Option<WaitForReplicas>,
+    /// PEM certificate(s) to trust for `rediss://`, instead of the system's roots.
+    pub tls_ca: Option<Vec<u8>>,
+}
+
+impl RedisOptions {
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisOptions {
+            urls: vec![url.into()],
+            cluster: false,
+            connect_timeout_ms: 5000,
+            command_timeout_ms: 5000,
+            wait_for_replicas: None,
+            tls_ca: None,
+        }
+    }
+}
+
+/// A failure on the I/O thread, in a form that can cross threads.
+#[derive(Debug)]
+struct Failure {
+    kind: BackendErrorKind,
+    message: String,
+    code: Option<String>,
+    replication: Option<(u32, u32)>,
+}
+
+impl Failure {
+    fn into_error(self) -> Error {
+        if let Some((replicas, acknowledged)) = self.replication {
+            return Error::Replication {
+                replicas,
+                acknowledged,
+            };
+        }
+        Error::Backend {
+            backend: "redis".into(),
+            kind: self.kind,
+            message: self.message,
+            code: self.code,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn script<T: redis::FromRedisValue>(
+        &mut self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, RedisError> {
+        let mut inv = script.prepare_invoke();
+        keys.iter().for_each(|k| {
+            inv.key(*k);
+        });
+        args.iter().for_each(|a| {
+            inv.arg(*a);
+        });
+        match self {
+            Conn::Single(c) => inv.invoke_async(c).await,
+            Conn::Cluster(c) => inv.invoke_async(c).await,
+        }
+    }
+
+    async fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Result<T, RedisError> {
+        match self {
+            Conn::Single(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+}
+
+struct Inner {
+    options: RedisOptions,
+    /// Passwords of the URLs, removed from every message.
+    secrets: Vec<String>,
+    client: Option<Client>,
+    conn: tokio::sync::Mutex<Option<Conn>>,
+    closed: std::sync::atomic::AtomicBool,
+    /// Connections for writes followed by WAIT, one per request in flight, so a WAIT holds up
+    /// nobody else's commands.
+    replicated: Mutex<Vec<MultiplexedConnection>>,
+    warning: Mutex<Option<String>>,
+}
+
+/// A Redis or Valkey server, or a Redis Cluster.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+fn secrets_of(urls: &[String]) -> Vec<String> {
+    urls.iter()
+        .filter_map(|u| {
+            let rest = u.split_once("://")?.1;
+            let userinfo = rest.split_once('@')?.0;
+            let password = userinfo.split_once(':').map_or(userinfo, |(_, p)| p);
+            (!password.is_empty()).then(|| password.to_string())
+        })
+        .flat_map(|p| {
+            let decoded = percent_decode(&p);
+            [p, decoded]
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The hash tag of a key (the part Redis Cluster hashes), when it has a valid one.
+pub fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')? + open + 1;
+    (close > open + 1).then(|| &key[open + 1..close])
+}
+
+/// The key of a lock's fencing counter, in the same hash slot as the lock.
+pub fn fence_key(key: &str) -> String {
+    if hash_tag(key).is_some() {
+        format!("{key}:locco-fence")
+    } else {
+        format!("{{{key}}}:locco-fence")
+    }
+}
+
+impl RedisBackend {
+    /// Checks the options; connects on first use, so construction never blocks.
+    pub fn new(options: RedisOptions) -> Result<Self, Error> {
+        if options.urls.is_empty() {
+            return Err(Error::validation("url", "give url, or urls for a Cluster"));
+        }
+        if options.urls.len() > 1 && !options.cluster {
+            return Err(Error::validation("urls", "several URLs need cluster: true"));
+        }
+        if options.cluster && options.wait_for_replicas.is_some() {
+            return Err(Error::validation(
+                "waitForReplicas",
+                "is not supported on a Cluster: WAIT must run on the connection that wrote, \
+                 which a Cluster client does not guarantee",
+            ));
+        }
+        if let Some(w) = options.wait_for_replicas {
+            if w.replicas == 0 || w.timeout_ms == 0 {
+                return Err(Error::validation(
+                    "waitForReplicas",
+                    "needs replicas >= 1 and a timeout >= 1 ms",
+                ));
+            }
+        }
+        let secrets = secrets_of(&options.urls);
+        let redact = |m: String| redact(&secrets, m);
+        let client = if options.cluster {
+            None
+        } else {
+            let built = match &options.tls_ca {
+                Some(ca) => Client::build_with_tls(
+                    options.urls[0].as_str(),
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(ca.clone()),
+                    },
+                ),
+                None => Client::open(options.urls[0].as_str()),
+            };
+            Some(built.map_err(|e| Error::validation("url", redact(e.to_string())))?)
+        };
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                options,
+                secrets,
+                client,
+                conn: tokio::sync::Mutex::new(None),
+                closed: Default::default(),
+                replicated: Mutex::default(),
+                warning: Mutex::default(),
+            }),
+        })
+    }
+
+    /// Connects now rather than on first use. Answers a warning found at connect (an
+    /// eviction policy that can drop lock keys), once.
+    pub fn connect(&self) -> Op<Option<String>> {
+        self.run(|inner| async move {
+            inner.conn().await?;
+            Ok(inner.warning.lock().ok().and_then(|mut w| w.take()))
+        })
+    }
+
+    /// Drops the connections; operations after this fail.
+    pub fn close(&self) {
+        use std::sync::atomic::Ordering;
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.replicated.lock().map(|mut r| r.clear()).ok();
+        let inner = self.inner.clone();
+        runtime().spawn(async move { inner.conn.lock().await.take() });
+    }
+
+    fn run<T: Send + 'static, F>(&self, work: impl FnOnce(Arc<Inner>) -> F) -> Op<T>
+    where
+        F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let fut = work(self.inner.clone());
+        runtime().spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        Op::pending(async move {
+            match rx.await {
+                Ok(r) => r.map_err(Failure::into_error),
+                Err(_) => Err(Error::Internal(
+                    "the Redis task ended without an answer".into(),
+                )),
+            }
+        })
+    }
+}
+
+fn redact(secrets: &[String], mut message: String) -> String {
+    for s in secrets {
+        if !s.is_empty() {
+            message = message.replace(s.as_str(), "***");
+        }
+    }
+    message
+}
+
+impl Inner {
+    fn failure(&self, e: RedisError) -> Failure {
+        let kind = match e.kind() {
+            ErrorKind::AuthenticationFailed => BackendErrorKind::Auth,
+            ErrorKind::Server(ServerErrorKind::NoPerm) => BackendErrorKind::Auth,
+            ErrorKind::Io if e.is_timeout() => BackendErrorKind::Timeout,
+            ErrorKind::Io => {
+                let m = e.to_string().to_ascii_lowercase();
+                if [
+                    "tls",
+                    "certificate",
+                    "handshake",
+                    "invalidcontenttype",
+                    "corrupt",
+                ]
+                .iter()
+                .any(|w| m.contains(w))
+                {
+                    BackendErrorKind::Tls
+                } else {
+                    BackendErrorKind::Io
+                }
+            }
+            ErrorKind::Parse | ErrorKind::UnexpectedReturnType => BackendErrorKind::Protocol,
+            ErrorKind::InvalidClientConfig => BackendErrorKind::Config,
+            ErrorKind::Server(ServerErrorKind::ResponseError) => {
+                let m = e.to_string();
+                if m.contains("NOAUTH") || m.contains("WRONGPASS") {
+                    BackendErrorKind::Auth
+                } else {
+                    BackendErrorKind::Script
+                }
+            }
+            _ if e.is_timeout() => BackendErrorKind::Timeout,
+            _ => BackendErrorKind::Other,
+        };
+        Failure {
+            kind,
+            message: redact(&self.secrets, e.to_string()),
+            code: e.code().map(str::to_string),
+            replication: None,
+        }
+    }
+
+    fn timeout_failure(&self, what: &str, ms: u64) -> Failure {
+        Failure {
+            kind: BackendErrorKind::Timeout,
+            message: format!("{what} did not finish within {ms} ms"),
+            code: None,
+            replication: None,
+        }
+    }
+
+    async fn connect(self: &Arc<Self>) -> Result<Conn, Failure> {
+        let o = &self.options;
+        let connect_timeout = Duration::from_millis(o.connect_timeout_ms);
+        let response_timeout = Duration::from_millis(o.command_timeout_ms);
+        let attempt = async {
+            if o.cluster {
+                let mut builder = ClusterClientBuilder::new(o.urls.clone())
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(response_timeout);
+                if let Some(ca) = &o.tls_ca {
+                    builder = builder.certs(redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(ca.clone()),
+                    });
+                }
+                let client = builder.build()?;
+                Ok(Conn::Cluster(client.get_async_connection().await?))
+            } else {
+                let client = self
+                    .client
+                    .clone()
+                    .expect("a standalone backend has a client");
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(Some(response_timeout))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_millis(500));
+                Ok(Conn::Single(
+                    ConnectionManager::new_with_config(client, config).await?,
+                ))
+            }
+        };
+        let mut conn = match tokio::time::timeout(connect_timeout, attempt).await {
+            Ok(r) => r.map_err(|e| self.failure(e))?,
+            Err(_) => return Err(self.timeout_failure("connecting to Redis", o.connect_timeout_ms)),
+        };
+        self.check_eviction(&mut conn).await;
+        Ok(conn)
+    }
+
+    /// Warns once when the server may evict lock keys under memory pressure. A CONFIG GET that
+    /// ACLs deny is ignored.
+    async fn check_eviction(&self, conn: &mut Conn) {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("maxmemory-policy");
+        if let Ok(reply) = conn.query::<Vec<String>>(&cmd).await {
+            if let Some(policy) = reply.get(1).filter(|p| p.as_str() != "noeviction") {
+                let text = format!(
+                    "locco-rs: Redis maxmemory-policy is '{policy}': under memory pressure the \
+                     server may evict lock keys, and two holders could then own one key. Run the \
+                     lock Redis with maxmemory-policy noeviction."
+                );
+                if let Ok(mut w) = self.warning.lock() {
+                    *w = Some(text);
+                }
+            }
+        }
+    }
+
+    async fn conn(self: &Arc<Self>) -> Result<Conn, Failure> {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Failure {
+                kind: BackendErrorKind::Config,
+                message: "the Redis adapter is closed".into(),
+                code: None,
+                replication: None,
+            });
+        }
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = &*slot {
+            return Ok(c.clone());
+        }
+        // A failed connect is not kept: the next operation tries again.
+        let conn = self.connect().await?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// A connection of its own for a write followed by WAIT.
+    async fn replicated_conn(&self) -> Result<MultiplexedConnection, Failure> {
+        if let Some(c) = self.replicated.lock().ok().and_then(|mut p| p.pop()) {
+            return Ok(c);
+        }
+        let client = self.client.as_ref().expect("WAIT is refused on a Cluster");
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(self.options.connect_timeout_ms)))
+            .set_response_timeout(Some(Duration::from_millis(self.options.command_timeout_ms)));
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| self.failure(e))
+    }
+
+    /// Runs `write` on a connection of its own, then WAIT on that same connection; fewer
+    /// acknowledgements than asked is a replication failure.
+    async fn write_and_wait<T: redis::FromRedisValue>(
+        self: &Arc<Self>,
+        w: WaitForReplicas,
+        write: impl FnOnce(
+            &mut MultiplexedConnection,
+        ) -> futures_util::future::BoxFuture<'_, Result<T, RedisError>>,
+    ) -> Result<(T, u32), Failure> {
+        let mut conn = self.replicated_conn().await?;
+        let answer = write(&mut conn).await.map_err(|e| self.failure(e))?;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(w.replicas).arg(w.timeout_ms);
+        let acked: i64 = wait
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.failure(e))?;
+        if let Ok(mut pool) = self.replicated.lock() {
+            pool.push(conn);
+        }
+        Ok((answer, acked.max(0) as u32))
+    }
+
+    fn replication_failure(w: WaitForReplicas, acknowledged: u32) -> Failure {
+        Failure {
+            kind: BackendErrorKind::Other,
+            message: format!(
+                "only {acknowledged} of {} replicas acknowledged within {} ms",
+                w.replicas, w.timeout_ms
+            ),
+            code: None,
+            replication: Some((w.replicas, acknowledged)),
+        }
+    }
+
+    async fn give_back(self: &Arc<Self>, key: &str, token: &str) {
+        if let Ok(mut conn) = self.conn().await {
+            let _ = conn
+                .script::<i64>(&scripts().release, &[key], &[token])
+                .await;
+        }
+    }
+}
+
+fn set_nx(key: &str, token: &str, ttl: u32) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl);
+    cmd
+}
+
+impl Backend for RedisBackend {
+    fn name(&self) -> &str {
+        "redis"
+    }
+
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move {
+            let Some(w) = inner.options.wait_for_replicas else {
+                let mut conn = inner.conn().await?;
+                let reply: Option<String> = conn
+                    .query(&set_nx(&key, &token, ttl))
+                    .await
+                    .map_err(|e| inner.failure(e))?;
+                return Ok(reply.is_some());
+            };
+            let cmd = set_nx(&key, &token, ttl);
+            let (reply, acked) = inner
+                .write_and_wait(w, |c| {
+                    Box::pin(async move { cmd.query_async::<Option<String>>(c).await })
+                })
+                .await?;
+            if reply.is_some() && acked < w.replicas {
+                inner.give_back(&key, &token).await;
+                return Err(Inner::replication_failure(w, acked));
+            }
+            Ok(reply.is_some())
+        })
+    }
+
+    fn release(&self, key: &str, token: &str) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move {
+            let mut conn = inner.conn().await?;
+            let deleted: i64 = conn
+                .script(&scripts().release, &[&key], &[&token])
+                .await
+                .map_err(|e| inner.failure(e))?;
+            Ok(deleted == 1)
+        })
+    }
+
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move {
+            let ttl = ttl.to_string();
+            let Some(w) = inner.options.wait_for_replicas else {
+                let mut conn = inner.conn().await?;
+                let done: i64 = conn
+                    .script(&scripts().extend, &[&key], &[&token, &ttl])
+                    .await
+                    .map_err(|e| inner.failure(e))?;
+                return Ok(done == 1);
+            };
+            let (done, acked) = inner
+                .write_and_wait(w, |c| {
+                    Box::pin(async move {
+                        let mut inv = scripts().extend.prepare_invoke();
+                        inv.key(&key).arg(&token).arg(&ttl);
+                        inv.invoke_async::<i64>(c).await
+                    })
+                })
+                .await?;
+            if done == 1 && acked < w.replicas {
+                return Err(Inner::replication_failure(w, acked));
+            }
+            Ok(done == 1)
+        })
+    }
+
+    fn is_held(&self, key: &str, token: &str) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move {
+            let mut conn = inner.conn().await?;
+            let held: i64 = conn
+                .script(&scripts().is_held, &[&key], &[&token])
+                .await
+                .map_err(|e| inner.failure(e))?;
+            Ok(held == 1)
+        })
+    }
+
+    fn supports_fencing(&self) -> bool {
+        true
+    }
+
+    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
+        if self.inner.options.cluster && hash_tag(key).is_none() && key.contains('}') {
+            return Op::ready(Err(Error::validation(
+                "key",
+                format!(
+                    "{key:?} contains '}}' without a hash tag, so its fencing counter cannot share \
+                     its Cluster slot; give the key a hash tag such as {{order:1}}"
+                ),
+            )));
+        }
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move {
+            let counter = fence_key(&key);
+            let (ttl, keep) = (ttl.to_string(), FENCE_COUNTER_KEEP_MS.to_string());
+            let Some(w) = inner.options.wait_for_replicas else {
+                let mut conn = inner.conn().await?;
+                return conn
+                    .script::<Option<u64>>(
+                        &scripts().acquire_fenced,
+                        &[&key, &counter],
+                        &[&token, &ttl, &keep],
+                    )
+                    .await
+                    .map_err(|e| inner.failure(e));
+            };
+            let (k2, c2, t2, ttl2, keep2) = (
+                key.clone(),
+                counter.clone(),
+                token.clone(),
+                ttl.clone(),
+                keep.clone(),
+            );
+            let (fence, acked) = inner
+                .write_and_wait(w, |c| {
+                    Box::pin(async move {
+                        let mut inv = scripts().acquire_fenced.prepare_invoke();
+                        inv.key(&k2).key(&c2).arg(&t2).arg(&ttl2).arg(&keep2);
+                        inv.invoke_async::<Option<u64>>(c).await
+                    })
+                })
+                .await?;
+            if fence.is_some() && acked < w.replicas {
+                inner.give_back(&key, &token).await;
+                return Err(Inner::replication_failure(w, acked));
+            }
+            Ok(fence)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fence_counters_share_the_lock_slot() {
+        assert_eq!(fence_key("order:1"), "{order:1}:locco-fence");
+        assert_eq!(fence_key("{order}:1"), "{order}:1:locco-fence");
+        assert_eq!(hash_tag("a{}b"), None);
+        assert_eq!(hash_tag("a{b}c"), Some("b"));
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        let secrets = secrets_of(&["redis://app:s3cr%40t@localhost:6379".to_string()]);
+        assert_eq!(
+            redact(&secrets, "auth s3cr@t failed (s3cr%40t)".into()),
+            "auth *** failed (***)"
+        );
+    }
+}

@@ -1,0 +1,75 @@
+'use strict';
+
+const { native, answer, nextOpId } = require('./native.js');
+const { NativeAdapter, NATIVE_ID } = require('./adapters.js');
+const { validation } = require('./errors.js');
+
+function optionalMs(field, v) {
+  if (v !== undefined && typeof v !== 'number') throw validation(field, 'must be a number of ms');
+  return v;
+}
+
+/**
+ * Locks in Redis or Valkey, standalone or Cluster. The connections are the engine's own: pass
+ * URLs, not a client. Connects in the background at construction.
+ */
+class RedisAdapter extends NativeAdapter {
+  /**
+   * @param {{ url?: string, urls?: string[], cluster?: boolean, connectTimeout?: number,
+   *   commandTimeout?: number, waitForReplicas?: { replicas: number, timeout: number },
+   *   tls?: { ca?: string | Buffer } }} options
+   */
+  constructor(options) {
+    super();
+    if (options === null || typeof options !== 'object') throw validation('options', 'must be an object with url or urls');
+    const { url, urls, cluster = false, waitForReplicas, tls } = options;
+    let list;
+    if (urls !== undefined) {
+      if (!Array.isArray(urls) || urls.length === 0 || urls.some((u) => typeof u !== 'string')) {
+        throw validation('urls', 'must be a non-empty array of redis:// or rediss:// URLs');
+      }
+      list = urls;
+    } else if (typeof url === 'string') {
+      list = [url];
+    } else {
+      throw validation('url', 'is required (redis://[user:password@]host:port), or urls with cluster: true');
+    }
+    if (typeof cluster !== 'boolean') throw validation('cluster', 'must be a boolean');
+    if (waitForReplicas !== undefined && (waitForReplicas === null || typeof waitForReplicas !== 'object')) {
+      throw validation('waitForReplicas', 'must be an object { replicas, timeout }');
+    }
+    const ca = tls && tls.ca !== undefined ? String(tls.ca) : undefined;
+    const id = answer(
+      native.createRedisAdapter(
+        list,
+        cluster,
+        optionalMs('connectTimeout', options.connectTimeout),
+        optionalMs('commandTimeout', options.commandTimeout),
+        waitForReplicas && optionalMs('waitForReplicas.replicas', waitForReplicas.replicas),
+        waitForReplicas && optionalMs('waitForReplicas.timeout', waitForReplicas.timeout),
+        ca,
+      ),
+    );
+    Object.defineProperty(this, NATIVE_ID, { value: id });
+    const opId = nextOpId();
+    Promise.resolve()
+      .then(() => answer(native.redisConnect(id, opId), opId))
+      .then(
+        (warning) => {
+          if (warning) process.emitWarning(warning, { code: 'LOCCO_REDIS_EVICTION' });
+        },
+        () => {}, // a failed connect is reported by the operations that need the connection
+      );
+  }
+
+  /** Closes the connections. Operations afterwards fail with a BackendError. */
+  async close() {
+    native.redisClose(this[NATIVE_ID]);
+  }
+
+  async [Symbol.asyncDispose]() {
+    await this.close();
+  }
+}
+
+module.exports = { RedisAdapter };

@@ -1,0 +1,6 @@
+'use strict';
+
+const { RedisAdapter } = require('./lib/redis.js');
+const { RedisReplicationError } = require('./lib/errors.js');
+
+module.exports = { RedisAdapter, RedisReplicationError };

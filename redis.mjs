@@ -1,0 +1,3 @@
+import cjs from './redis.js';
+
+export const { RedisAdapter, RedisReplicationError } = cjs;
