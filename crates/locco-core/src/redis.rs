@@ -82,6 +82,9 @@ fn scripts() -> &'static Scripts {
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
+        // rustls needs one crypto provider per process; another library may have installed
+        // one already, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("locco-redis")
@@ -331,10 +334,25 @@ impl RedisBackend {
     where
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
+        use futures_util::FutureExt;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let fut = work(self.inner.clone());
         runtime().spawn(async move {
-            let _ = tx.send(fut.await);
+            // A panic in the driver or in TLS set-up becomes an error, not a lost answer.
+            let answer = std::panic::AssertUnwindSafe(fut).catch_unwind().await;
+            let _ = tx.send(answer.unwrap_or_else(|panic| {
+                let text = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(Failure {
+                    kind: BackendErrorKind::Other,
+                    message: format!("the Redis driver panicked: {text}"),
+                    code: None,
+                    replication: None,
+                })
+            }));
         });
         Op::pending(async move {
             match rx.await {

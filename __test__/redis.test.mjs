@@ -1,0 +1,257 @@
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { Locker, LockHeldError, ValidationError } from 'locco-rs';
+import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
+import { freePort, startRedis } from './support/servers.mjs';
+import { sleep, until } from './support/adapters.mjs';
+
+describe('RedisAdapter faults', () => {
+  let redis;
+  before(async () => {
+    redis = await startRedis();
+  });
+  after(() => redis.dispose());
+
+  it('keeps a heartbeat going through a server restart', async () => {
+    const adapter = new RedisAdapter({ url: redis.url, commandTimeout: 500 });
+    const events = [];
+    const locker = new Locker({ adapter, onEvent: (e) => events.push(e) });
+    const lock = await locker.acquire('restart', { ttl: 3000, autoExtend: { maxHold: 60_000 } });
+    await redis.restart();
+    // The restarted server has lost the key (no persistence): an extension then finds it gone
+    // and the lock ends 'extend'; or extensions threw while it was down and it ends when the
+    // lease runs out. Either way the lock reports the loss, and nothing hangs.
+    await until(() => lock.state === 'lost', 10_000);
+    assert.ok(['extend', 'extend-failed', 'late-extend', 'expired'].includes(lock.lostReason), lock.lostReason);
+    // Reconnected without user action.
+    const again = await locker.acquire('restart', { ttl: 1000, retry: { retries: 20, delay: 100 } });
+    assert.equal(again.state, 'held');
+    await again.release();
+  });
+
+  it('a stopped server gives late contention and late-extend, not a hang', async () => {
+    const adapter = new RedisAdapter({ url: redis.url });
+    const locker = new Locker({ adapter, retry: { retries: 0 } });
+    const lock = await locker.acquire('paused', { ttl: 600, autoExtend: { maxHold: 60_000 } });
+    await locker.tryAcquire('warm', { ttl: 600 }); // the connection is up
+    redis.pause();
+    try {
+      const started = performance.now();
+      const err = await locker.tryAcquire('other', { ttl: 300 }).catch((e) => e);
+      assert.ok(err instanceof LockHeldError, String(err));
+      assert.equal(err.reason, 'late-acquire');
+      assert.ok(performance.now() - started < 2000);
+      await until(() => lock.state === 'lost', 5000);
+      assert.equal(lock.lostReason, 'late-extend');
+    } finally {
+      redis.resume();
+    }
+  });
+
+  it('fencing tokens keep growing after FLUSHALL', async () => {
+    const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), fencing: true });
+    const first = await locker.acquire('fenced', { ttl: 5000 });
+    redis.cli('FLUSHALL');
+    const second = await locker.acquire('fenced', { ttl: 5000 });
+    assert.ok(second.fence > first.fence, `${second.fence} > ${first.fence}`);
+    assert.ok(second.fence < 2 ** 53);
+    assert.equal(redis.cli('PTTL', '{fenced}:locco-fence') > 86_000_000, true);
+  });
+
+  it('runs its scripts again after SCRIPT FLUSH (NOSCRIPT falls back to EVAL)', async () => {
+    const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }) });
+    const lock = await locker.acquire('noscript', { ttl: 5000 });
+    redis.cli('SCRIPT', 'FLUSH');
+    assert.equal(await lock.isHeld(), true);
+    assert.equal(await lock.release(), true);
+  });
+
+  it('warns once when maxmemory-policy may evict lock keys', async () => {
+    redis.cli('CONFIG', 'SET', 'maxmemory-policy', 'allkeys-lru');
+    const warnings = [];
+    const onWarning = (w) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      const adapter = new RedisAdapter({ url: redis.url });
+      await until(() => warnings.length > 0, 5000);
+      assert.match(warnings[0].message, /allkeys-lru.*noeviction/s);
+      await adapter.close();
+    } finally {
+      process.off('warning', onWarning);
+      redis.cli('CONFIG', 'SET', 'maxmemory-policy', 'noeviction');
+    }
+  });
+});
+
+describe('RedisAdapter connection failures', () => {
+  let redis;
+  before(async () => {
+    redis = await startRedis({ args: ['--aclfile', '/dev/null'] });
+    redis.cli('ACL', 'SETUSER', 'locker', 'on', '>s3cret-pw', '~*', '+@all');
+  });
+  after(() => redis.dispose());
+
+  it('works as an ACL user with a password', async () => {
+    const locker = new Locker({ adapter: new RedisAdapter({ url: `redis://locker:s3cret-pw@127.0.0.1:${redis.port}` }) });
+    const lock = await locker.acquire('acl', { ttl: 1000 });
+    assert.equal(await lock.release(), true);
+  });
+
+  it('a wrong password is an auth BackendError without the password', async () => {
+    const adapter = new RedisAdapter({ url: `redis://locker:wrong-pw@127.0.0.1:${redis.port}`, connectTimeout: 2000 });
+    const err = await new Locker({ adapter }).tryAcquire('x', { ttl: 1000 }).catch((e) => e);
+    assert.equal(err.code, 'LOCK_BACKEND', String(err));
+    assert.equal(err.backend, 'redis');
+    assert.equal(err.kind, 'auth');
+    assert.doesNotMatch(`${err.message} ${err.stack}`, /wrong-pw/);
+  });
+
+  it('an unreachable host is an io BackendError within the connect timeout', async () => {
+    const port = await freePort();
+    const started = performance.now();
+    const adapter = new RedisAdapter({ url: `redis://user:pw-123@127.0.0.1:${port}`, connectTimeout: 1000 });
+    const err = await new Locker({ adapter }).tryAcquire('x', { ttl: 1000 }).catch((e) => e);
+    assert.equal(err.code, 'LOCK_BACKEND', String(err));
+    assert.ok(['io', 'timeout'].includes(err.kind), err.kind);
+    assert.ok(performance.now() - started < 3000);
+    assert.doesNotMatch(err.message, /pw-123/);
+  });
+
+  it('refuses bad options before connecting', () => {
+    assert.throws(() => new RedisAdapter({}), ValidationError);
+    assert.throws(() => new RedisAdapter({ url: 'http://x' }), ValidationError);
+    assert.throws(() => new RedisAdapter({ urls: ['redis://a', 'redis://b'] }), ValidationError);
+    assert.throws(
+      () => new RedisAdapter({ urls: ['redis://127.0.0.1:1'], cluster: true, waitForReplicas: { replicas: 1, timeout: 10 } }),
+      (e) => e instanceof ValidationError && e.field === 'waitForReplicas',
+    );
+  });
+});
+
+describe('RedisAdapter over TLS', () => {
+  let redis;
+  let ca;
+  before(async () => {
+    // A throwaway CA and a server certificate it signs, made here by openssl.
+    const dir = mkdtempSync(join(tmpdir(), 'locco-tls-'));
+    const at = (f) => join(dir, f);
+    const ssl = (...args) => execFileSync('openssl', args, { stdio: 'ignore' });
+    ssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=locco-test-ca', '-keyout', at('ca.key'), '-out', at('ca.pem'));
+    ssl('req', '-newkey', 'rsa:2048', '-nodes', '-subj', '/CN=localhost', '-keyout', at('key.pem'), '-out', at('req.csr'));
+    writeFileSync(at('ext.cnf'), 'subjectAltName=DNS:localhost,IP:127.0.0.1\n');
+    ssl('x509', '-req', '-in', at('req.csr'), '-CA', at('ca.pem'), '-CAkey', at('ca.key'), '-CAcreateserial', '-days', '1', '-out', at('cert.pem'), '-extfile', at('ext.cnf'));
+    ca = readFileSync(at('ca.pem'), 'utf8');
+    const tlsPort = await freePort();
+    redis = await startRedis({
+      tlsPort,
+      args: ['--tls-cert-file', join(dir, 'cert.pem'), '--tls-key-file', join(dir, 'key.pem'), '--tls-auth-clients', 'no'],
+    });
+  });
+  after(() => redis.dispose());
+
+  it('locks through rediss:// with a CA', async () => {
+    const adapter = new RedisAdapter({ url: `rediss://localhost:${redis.port}`, tls: { ca } });
+    const lock = await new Locker({ adapter }).acquire('tls', { ttl: 1000 });
+    assert.equal(await lock.release(), true);
+  });
+
+  it('a TLS mismatch is a BackendError, promptly', async () => {
+    const started = performance.now();
+    const plain = new RedisAdapter({ url: `redis://127.0.0.1:${redis.port}`, connectTimeout: 1500, commandTimeout: 1500 });
+    const err = await new Locker({ adapter: plain }).tryAcquire('x', { ttl: 1000 }).catch((e) => e);
+    assert.equal(err.code, 'LOCK_BACKEND', String(err));
+    assert.ok(['tls', 'io', 'timeout', 'protocol'].includes(err.kind), err.kind);
+    const untrusted = new RedisAdapter({ url: `rediss://localhost:${redis.port}`, connectTimeout: 1500 });
+    const err2 = await new Locker({ adapter: untrusted }).tryAcquire('x', { ttl: 1000 }).catch((e) => e);
+    assert.equal(err2.code, 'LOCK_BACKEND', String(err2));
+    assert.equal(err2.kind, 'tls');
+    assert.ok(performance.now() - started < 5000);
+  });
+});
+
+describe('RedisAdapter waitForReplicas', () => {
+  let primary;
+  let replica;
+  before(async () => {
+    primary = await startRedis({ args: ['--repl-diskless-sync-delay', '0'] });
+    replica = await startRedis({ args: ['--replicaof', '127.0.0.1', String(primary.port)] });
+    await until(() => /slave0:.*state=online/.test(primary.cli('INFO', 'replication')), 20_000);
+  });
+  after(async () => {
+    await replica.dispose();
+    await primary.dispose();
+  });
+
+  it('grants once a replica has the write', async () => {
+    const adapter = new RedisAdapter({ url: primary.url, waitForReplicas: { replicas: 1, timeout: 1000 } });
+    const locker = new Locker({ adapter, fencing: true });
+    const lock = await locker.acquire('wait', { ttl: 5000 });
+    await until(() => replica.cli('GET', 'wait') === lock.token, 2000);
+    await lock.extend(5000);
+    assert.equal(await lock.release(), true);
+  });
+
+  it('throws RedisReplicationError and gives the key back when the replica is gone', async () => {
+    const adapter = new RedisAdapter({ url: primary.url, waitForReplicas: { replicas: 1, timeout: 200 } });
+    const events = [];
+    const locker = new Locker({ adapter, onEvent: (e) => events.push(e) });
+    const held = await locker.acquire('repl', { ttl: 5000, autoExtend: { maxHold: 60_000, interval: 1000 } });
+    replica.pause();
+    try {
+      const err = await locker.tryAcquire('repl-2', { ttl: 5000 }).catch((e) => e);
+      assert.ok(err instanceof RedisReplicationError, String(err));
+      assert.equal(err.replicas, 1);
+      assert.equal(err.acknowledged, 0);
+      assert.equal(primary.cli('EXISTS', 'repl-2'), '0', 'the key was given back');
+      // An extension that cannot be replicated keeps the lock and reports extendFailed.
+      await until(() => events.some((e) => e.type === 'extendFailed'), 5000);
+      assert.equal(held.state, 'held');
+      assert.ok(events.find((e) => e.type === 'extendFailed').error instanceof RedisReplicationError);
+    } finally {
+      replica.resume();
+    }
+  });
+});
+
+describe('RedisAdapter on a Cluster', () => {
+  const nodes = [];
+  before(async () => {
+    for (let i = 0; i < 3; i++) {
+      const busPort = await freePort();
+      nodes.push(
+        await startRedis({
+          args: ['--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-port', String(busPort)],
+        }),
+      );
+    }
+    execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'], {
+      stdio: 'ignore',
+    });
+    await until(() => nodes[0].cli('CLUSTER', 'INFO').includes('cluster_state:ok'), 15_000);
+  });
+  after(async () => {
+    for (const n of nodes) await n.dispose();
+  });
+
+  it('locks and fences keys across the slots', async () => {
+    const adapter = new RedisAdapter({ urls: nodes.map((n) => n.url), cluster: true });
+    const locker = new Locker({ adapter, fencing: true });
+    for (const key of ['a', 'b', 'c', 'order:1', '{tagged}:x']) {
+      const lock = await locker.acquire(key, { ttl: 2000 });
+      assert.ok(lock.fence > 0);
+      assert.equal(await lock.isHeld(), true);
+      assert.equal(await lock.release(), true);
+    }
+  });
+
+  it('refuses a fenced key with } and no hash tag before sending anything', async () => {
+    const adapter = new RedisAdapter({ urls: nodes.map((n) => n.url), cluster: true });
+    const err = await new Locker({ adapter, fencing: true }).acquire('a}b', { ttl: 1000 }).catch((e) => e);
+    assert.ok(err instanceof ValidationError, String(err));
+    assert.equal(err.field, 'key');
+  });
+});
