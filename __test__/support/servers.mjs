@@ -92,3 +92,10 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
   };
   return server;
 }
+
+/** The valkey-server the tests run: LOCCO_VALKEY_SERVER (set by scripts/test-all.sh) or PATH. */
+export function valkeyBinary() {
+  if (process.env.LOCCO_VALKEY_SERVER) return process.env.LOCCO_VALKEY_SERVER;
+  if (hasCommand('valkey-server')) return 'valkey-server';
+  throw new Error('valkey-server not found: run scripts/test-all.sh, which installs it');
+}
