@@ -19,6 +19,7 @@ import {
 } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { runLockAdapterContract } from 'locco-rs/testing';
+import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
 
 const adapter: LockAdapter = new InMemoryAdapter({ now: () => performance.now() });
 const delay: DelayFn = exponentialBackoff({ base: 50, max: 1000, factor: 2, jitter: true });
@@ -64,3 +65,20 @@ export async function use(): Promise<number> {
 
 runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
 runLockAdapterContract('async', async () => ({ adapter, cleanup: async () => {} }));
+
+export async function redis(): Promise<void> {
+  await using adapter = new RedisAdapter({
+    url: 'redis://user:pw@127.0.0.1:6379',
+    connectTimeout: 1000,
+    commandTimeout: 1000,
+    waitForReplicas: { replicas: 1, timeout: 100 },
+    tls: { ca: '-----BEGIN CERTIFICATE-----' },
+  });
+  const cluster = new RedisAdapter({ urls: ['redis://a:1', 'redis://b:2'], cluster: true });
+  await cluster.close();
+  try {
+    await new Locker({ adapter }).acquire('k', { ttl: 1000 });
+  } catch (e) {
+    if (e instanceof RedisReplicationError) console.log(e.replicas, e.acknowledged);
+  }
+}
