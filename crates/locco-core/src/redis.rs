@@ -77,20 +77,24 @@ fn scripts() -> &'static Scripts {
     })
 }
 
-/// The runtime every Redis connection of the process runs on: one worker thread is enough for
-/// I/O, and leaves the other core to JavaScript.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+/// The runtime every Redis connection of the process runs on: one thread is enough for I/O,
+/// and leaves the other core to JavaScript.
+fn runtime() -> &'static tokio::runtime::Handle {
+    static RT: OnceLock<tokio::runtime::Handle> = OnceLock::new();
     RT.get_or_init(|| {
         // rustls needs one crypto provider per process; another library may have installed
         // one already, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("locco-redis")
+        let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .expect("start the locco Redis runtime")
+            .expect("start the locco Redis runtime");
+        let handle = rt.handle().clone();
+        std::thread::Builder::new()
+            .name("locco-redis".into())
+            .spawn(move || rt.block_on(std::future::pending::<()>()))
+            .expect("start the locco Redis thread");
+        handle
     })
 }
 
