@@ -1,6 +1,6 @@
 'use strict';
 
-const { native, answer, nextOpId, registerClock, lockers, delays, lossHandlers, ABORTED } =
+const { native, answer, wait, nextOpId, registerClock, lockers, delays, lossHandlers, ABORTED, PENDING } =
   require('./native.js');
 const { LockLostError, validation } = require('./errors.js');
 const { adapterId } = require('./adapters.js');
@@ -9,8 +9,17 @@ const STATES = ['held', 'lost', 'released'];
 const DEFAULT_RETRY = Object.freeze({ retries: 10, delay: 200, timeout: undefined });
 const NATIVE_DELAY = Symbol('locco-rs.delayId');
 
-// Locks the facade no longer refers to are forgotten by the engine too.
-const forget = new FinalizationRegistry((id) => native.dropLock(id));
+// Locks the facade no longer refers to are forgotten by the engine too, in one call per batch.
+let forgotten = [];
+const forget = new FinalizationRegistry((id) => {
+  if (forgotten.push(id) === 1) {
+    queueMicrotask(() => {
+      const ids = forgotten;
+      forgotten = [];
+      native.dropLocks(ids);
+    });
+  }
+});
 
 function isObject(v) {
   return v !== null && typeof v === 'object';
@@ -292,9 +301,9 @@ class Locker {
       let r;
       if (isTtlOnly(key, options)) {
         const opId = nextOpId();
-        const toLock = (id) => (id === null ? null : this._lock(id, key, options));
-        r = answer(native.acquireTtl(this._id, mode, key, options.ttl, opId), opId, toLock);
-        if (typeof r === 'object' && r !== null) return r;
+        r = native.acquireTtl(this._id, mode, key, options.ttl, opId);
+        if (r === PENDING) return wait(opId, (id) => (id === null ? null : this._lock(id, key, options)));
+        r = answer(r, opId);
       } else {
         const args = this._args(key, options, mode === 1);
         const start = (abortId) => {

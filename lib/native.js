@@ -171,6 +171,8 @@ function registerClock(fn) {
 module.exports = {
   native,
   answer,
+  wait,
+  PENDING,
   nextOpId,
   registerClock,
   lockers,

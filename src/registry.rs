@@ -572,10 +572,15 @@ pub fn lock_stop_heartbeat(lock_id: f64) {
     }
 }
 
-/// Forgets a lock the facade no longer refers to.
+/// Forgets locks the facade no longer refers to.
 #[napi(catch_unwind)]
-pub fn drop_lock(lock_id: f64) {
-    REG.with(|r| r.borrow_mut().locks.remove(&(lock_id as u64)));
+pub fn drop_locks(lock_ids: Vec<f64>) {
+    REG.with(|r| {
+        let mut reg = r.borrow_mut();
+        for id in lock_ids {
+            reg.locks.remove(&(id as u64));
+        }
+    });
 }
 
 fn with_lock(lock_id: f64, op_id: f64, f: impl FnOnce(Lock) -> Raw) -> Raw {
