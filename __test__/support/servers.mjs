@@ -2,7 +2,7 @@
 import { spawn, execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer, connect } from 'node:net';
-import { tmpdir } from 'node:os';
+import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 export function freePort() {
@@ -93,9 +93,17 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
   return server;
 }
 
-/** The valkey-server the tests run: LOCCO_VALKEY_SERVER (set by scripts/test-all.sh) or PATH. */
+/**
+ * The valkey-server the tests run: LOCCO_VALKEY_SERVER, PATH, or the copy scripts/test-all.sh
+ * installed in the cache.
+ */
 export function valkeyBinary() {
   if (process.env.LOCCO_VALKEY_SERVER) return process.env.LOCCO_VALKEY_SERVER;
   if (hasCommand('valkey-server')) return 'valkey-server';
+  const cache = join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'locco-rs', 'valkey');
+  const found = execFileSync('sh', ['-c', `find "${cache}" -name valkey-server -type f 2>/dev/null | head -n1`], {
+    encoding: 'utf8',
+  }).trim();
+  if (found) return found;
   throw new Error('valkey-server not found: run scripts/test-all.sh, which installs it');
 }
