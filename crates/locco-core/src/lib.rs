@@ -12,10 +12,14 @@ mod backend;
 mod clock;
 mod error;
 mod events;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod io;
 mod lock;
 mod locker;
 mod memory;
 mod options;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod retry;

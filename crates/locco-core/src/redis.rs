@@ -15,6 +15,7 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, Server
 
 use crate::backend::{Backend, Op};
 use crate::error::{BackendErrorKind, Error};
+use crate::io::{self, redact, runtime, Failure};
 
 /// Deletes the key only when it still carries our token.
 const RELEASE: &str = r"
@@ -77,27 +78,6 @@ fn scripts() -> &'static Scripts {
     })
 }
 
-/// The runtime every Redis connection of the process runs on: one thread is enough for I/O,
-/// and leaves the other core to JavaScript.
-fn runtime() -> &'static tokio::runtime::Handle {
-    static RT: OnceLock<tokio::runtime::Handle> = OnceLock::new();
-    RT.get_or_init(|| {
-        // rustls needs one crypto provider per process; another library may have installed
-        // one already, which is as good.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("start the locco Redis runtime");
-        let handle = rt.handle().clone();
-        std::thread::Builder::new()
-            .name("locco-redis".into())
-            .spawn(move || rt.block_on(std::future::pending::<()>()))
-            .expect("start the locco Redis thread");
-        handle
-    })
-}
-
 /// `waitForReplicas`: a grant or extension counts only once this many replicas have it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WaitForReplicas {
@@ -130,32 +110,6 @@ impl RedisOptions {
             command_timeout_ms: 5000,
             wait_for_replicas: None,
             tls_ca: None,
-        }
-    }
-}
-
-/// A failure on the I/O thread, in a form that can cross threads.
-#[derive(Debug)]
-struct Failure {
-    kind: BackendErrorKind,
-    message: String,
-    code: Option<String>,
-    replication: Option<(u32, u32)>,
-}
-
-impl Failure {
-    fn into_error(self) -> Error {
-        if let Some((replicas, acknowledged)) = self.replication {
-            return Error::Replication {
-                replicas,
-                acknowledged,
-            };
-        }
-        Error::Backend {
-            backend: "redis".into(),
-            kind: self.kind,
-            message: self.message,
-            code: self.code,
         }
     }
 }
@@ -338,44 +292,9 @@ impl RedisBackend {
     where
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
-        use futures_util::FutureExt;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let fut = work(self.inner.clone());
-        runtime().spawn(async move {
-            // A panic in the driver or in TLS set-up becomes an error, not a lost answer.
-            let answer = std::panic::AssertUnwindSafe(fut).catch_unwind().await;
-            let _ = tx.send(answer.unwrap_or_else(|panic| {
-                let text = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                Err(Failure {
-                    kind: BackendErrorKind::Other,
-                    message: format!("the Redis driver panicked: {text}"),
-                    code: None,
-                    replication: None,
-                })
-            }));
-        });
-        Op::pending(async move {
-            match rx.await {
-                Ok(r) => r.map_err(Failure::into_error),
-                Err(_) => Err(Error::Internal(
-                    "the Redis task ended without an answer".into(),
-                )),
-            }
-        })
+        let inner = self.inner.clone();
+        io::run("redis", move |_| work(inner))
     }
-}
-
-fn redact(secrets: &[String], mut message: String) -> String {
-    for s in secrets {
-        if !s.is_empty() {
-            message = message.replace(s.as_str(), "***");
-        }
-    }
-    message
 }
 
 impl Inner {
@@ -415,20 +334,14 @@ impl Inner {
             _ => BackendErrorKind::Other,
         };
         Failure {
-            kind,
-            message: redact(&self.secrets, e.to_string()),
             code: e.code().map(str::to_string),
-            replication: None,
+            ..Failure::new("redis", kind, redact(&self.secrets, e.to_string()))
         }
     }
 
     fn timeout_failure(&self, what: &str, ms: u64) -> Failure {
-        Failure {
-            kind: BackendErrorKind::Timeout,
-            message: format!("{what} did not finish within {ms} ms"),
-            code: None,
-            replication: None,
-        }
+        let message = format!("{what} did not finish within {ms} ms");
+        Failure::new("redis", BackendErrorKind::Timeout, message)
     }
 
     async fn connect(self: &Arc<Self>) -> Result<Conn, Failure> {
@@ -492,12 +405,8 @@ impl Inner {
 
     async fn conn(self: &Arc<Self>) -> Result<Conn, Failure> {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(Failure {
-                kind: BackendErrorKind::Config,
-                message: "the Redis adapter is closed".into(),
-                code: None,
-                replication: None,
-            });
+            let closed = "the Redis adapter is closed";
+            return Err(Failure::new("redis", BackendErrorKind::Config, closed));
         }
         let mut slot = self.conn.lock().await;
         if let Some(c) = &*slot {
@@ -548,14 +457,13 @@ impl Inner {
     }
 
     fn replication_failure(w: WaitForReplicas, acknowledged: u32) -> Failure {
+        let message = format!(
+            "only {acknowledged} of {} replicas acknowledged within {} ms",
+            w.replicas, w.timeout_ms
+        );
         Failure {
-            kind: BackendErrorKind::Other,
-            message: format!(
-                "only {acknowledged} of {} replicas acknowledged within {} ms",
-                w.replicas, w.timeout_ms
-            ),
-            code: None,
             replication: Some((w.replicas, acknowledged)),
+            ..Failure::new("redis", BackendErrorKind::Other, message)
         }
     }
 

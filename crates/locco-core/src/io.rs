@@ -1,0 +1,153 @@
+//! What the network backends share: one I/O thread with a Tokio runtime, and the bridge from
+//! its tasks to the engine's thread.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use futures_util::FutureExt;
+
+use crate::backend::Op;
+use crate::error::{BackendErrorKind, Error};
+
+/// The runtime every connection of the process runs on: one thread is enough for I/O, and
+/// leaves the other core to JavaScript.
+pub(crate) fn runtime() -> &'static tokio::runtime::Handle {
+    static RT: OnceLock<tokio::runtime::Handle> = OnceLock::new();
+    RT.get_or_init(|| {
+        // rustls needs one crypto provider per process; another library may have installed
+        // one already, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("start the locco I/O runtime");
+        let handle = rt.handle().clone();
+        std::thread::Builder::new()
+            .name("locco-io".into())
+            .spawn(move || rt.block_on(std::future::pending::<()>()))
+            .expect("start the locco I/O thread");
+        handle
+    })
+}
+
+/// A failure on the I/O thread, in a form that can cross threads.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub backend: &'static str,
+    pub kind: BackendErrorKind,
+    pub message: String,
+    pub code: Option<String>,
+    pub replication: Option<(u32, u32)>,
+    /// A set-up problem the server revealed (a missing table): a `ValidationError` on this field.
+    pub validation: Option<&'static str>,
+}
+
+impl Failure {
+    pub fn new(backend: &'static str, kind: BackendErrorKind, message: impl Into<String>) -> Self {
+        Failure {
+            backend,
+            kind,
+            message: message.into(),
+            code: None,
+            replication: None,
+            validation: None,
+        }
+    }
+
+    pub fn into_error(self) -> Error {
+        if let Some(field) = self.validation {
+            return Error::validation(field, self.message);
+        }
+        if let Some((replicas, acknowledged)) = self.replication {
+            return Error::Replication {
+                replicas,
+                acknowledged,
+            };
+        }
+        Error::Backend {
+            backend: self.backend.into(),
+            kind: self.kind,
+            message: self.message,
+            code: self.code,
+        }
+    }
+}
+
+/// What to do when nobody waits for an operation any more (the engine dropped it at its
+/// budget): a backend registers it once its request is on the wire.
+#[derive(Clone, Default)]
+pub(crate) struct OnAbandon(Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>);
+
+impl OnAbandon {
+    pub fn set(&self, f: impl FnOnce() + Send + 'static) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(Box::new(f));
+        }
+    }
+
+    pub fn clear(&self) {
+        if let Ok(mut slot) = self.0.lock() {
+            slot.take();
+        }
+    }
+
+    fn take(&self) -> Option<Box<dyn FnOnce() + Send>> {
+        self.0.lock().ok().and_then(|mut s| s.take())
+    }
+}
+
+/// Runs `work` on the I/O thread and answers on the engine's thread. When the engine stops
+/// waiting, a registered [`OnAbandon`] runs (a cancel request) and the work is awaited to its
+/// end, so a connection goes back to its pool healthy; without one the work is dropped.
+pub(crate) fn run<T: Send + 'static, F>(
+    backend: &'static str,
+    work: impl FnOnce(OnAbandon) -> F,
+) -> Op<T>
+where
+    F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+{
+    let (mut tx, rx) = tokio::sync::oneshot::channel();
+    let abandon = OnAbandon::default();
+    let fut = std::panic::AssertUnwindSafe(work(abandon.clone())).catch_unwind();
+    runtime().spawn(async move {
+        let mut fut = std::pin::pin!(fut);
+        let answer = tokio::select! {
+            answer = &mut fut => answer,
+            () = tx.closed() => {
+                if let Some(cancel) = abandon.take() {
+                    cancel();
+                    let _ = fut.await;
+                }
+                return;
+            }
+        };
+        // A panic in a driver or in TLS set-up becomes an error, not a lost answer.
+        let _ = tx.send(answer.unwrap_or_else(|panic| {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(Failure::new(
+                backend,
+                BackendErrorKind::Other,
+                format!("the {backend} driver panicked: {text}"),
+            ))
+        }));
+    });
+    Op::pending(async move {
+        match rx.await {
+            Ok(r) => r.map_err(Failure::into_error),
+            Err(_) => Err(Error::Internal(format!(
+                "the {backend} task ended without an answer"
+            ))),
+        }
+    })
+}
+
+/// Removes every secret from a message.
+pub(crate) fn redact(secrets: &[String], mut message: String) -> String {
+    for s in secrets.iter().filter(|s| !s.is_empty()) {
+        message = message.replace(s.as_str(), "***");
+    }
+    message
+}

@@ -1,0 +1,657 @@
+//! The PostgreSQL backend: one row per key, every comparison on the server clock.
+//!
+//! Acquire is one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp()`;
+//! the fenced acquire takes `nextval` of `<table>_fence` in the same statement. Release and
+//! extend compare the token, and extend never revives an expired row. A statement the engine
+//! stops waiting for (its budget ran out, say, behind another transaction's row lock) is
+//! cancelled on the server, so its pooled connection comes back healthy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime as PoolRuntime};
+use tokio_postgres::error::SqlState;
+
+use crate::backend::{Backend, Op};
+use crate::error::{BackendErrorKind, Error};
+use crate::io::{self, redact, Failure, OnAbandon};
+
+/// The longest identifier PostgreSQL keeps.
+const MAX_IDENTIFIER_BYTES: usize = 63;
+/// `<table>_fence` must fit in an identifier too.
+const MAX_FENCED_TABLE_CHARS: usize = MAX_IDENTIFIER_BYTES - "_fence".len();
+
+/// How to reach PostgreSQL and where the locks live.
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// A `postgres://` URL (or key=value string). `sslmode=require` encrypts; `verify-full`
+    /// also checks the certificate and host name.
+    pub url: String,
+    /// Plain or schema-qualified. Default `locco_locks`.
+    pub table_name: String,
+    /// Create the table and the fence sequence on first use. Default true.
+    pub create_table: bool,
+    /// Connections in the pool. Default 10.
+    pub pool_size: usize,
+    /// Milliseconds to establish a connection. Default 5000.
+    pub connect_timeout_ms: u64,
+    /// PEM certificate(s) to trust for TLS, instead of the system's roots.
+    pub tls_ca: Option<Vec<u8>>,
+}
+
+impl PostgresOptions {
+    pub fn new(url: impl Into<String>) -> Self {
+        PostgresOptions {
+            url: url.into(),
+            table_name: "locco_locks".into(),
+            create_table: true,
+            pool_size: 10,
+            connect_timeout_ms: 5000,
+            tls_ca: None,
+        }
+    }
+}
+
+/// A checked table name, quoted part by part, and its sequence.
+#[derive(Debug, Clone)]
+struct Names {
+    table: String,
+    sequence: String,
+    /// The table name without quotes, for messages and `to_regclass`.
+    plain: String,
+    fence_ok: Result<(), String>,
+}
+
+/// Checks a table name before any SQL is built from it. Only plain identifiers pass, so
+/// nothing a caller writes can change the statements.
+fn names(table_name: &str) -> Result<Names, Error> {
+    let invalid = |why: String| Error::validation("tableName", why);
+    let parts: Vec<&str> = table_name.split('.').collect();
+    if parts.len() > 2 {
+        return Err(invalid(format!(
+            "{table_name:?} has more than one dot; use schema.table"
+        )));
+    }
+    for part in &parts {
+        let mut chars = part.chars();
+        let first_ok = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        if !first_ok
+            || !part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+        {
+            return Err(invalid(format!(
+                "{table_name:?} is not a plain identifier: use letters, digits, _ and $, starting \
+                 with a letter or _ (no quotes, spaces or semicolons)"
+            )));
+        }
+        if part.len() > MAX_IDENTIFIER_BYTES {
+            return Err(invalid(format!(
+                "{part:?} is longer than {MAX_IDENTIFIER_BYTES} bytes"
+            )));
+        }
+    }
+    let table_part = parts[parts.len() - 1];
+    let quote = |p: &str| format!("\"{p}\"");
+    let table = parts.iter().map(|p| quote(p)).collect::<Vec<_>>().join(".");
+    let mut seq_parts: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
+    *seq_parts.last_mut().expect("one part at least") = format!("{table_part}_fence");
+    let sequence = seq_parts
+        .iter()
+        .map(|p| quote(p))
+        .collect::<Vec<_>>()
+        .join(".");
+    let fence_ok = if table_part.chars().count() > MAX_FENCED_TABLE_CHARS {
+        Err(format!(
+            "{table_part:?} is longer than {MAX_FENCED_TABLE_CHARS} characters, so its fence \
+             sequence name would not fit in a PostgreSQL identifier"
+        ))
+    } else {
+        Ok(())
+    };
+    Ok(Names {
+        table,
+        sequence,
+        plain: table_name.to_string(),
+        fence_ok,
+    })
+}
+
+/// The statements that create the lock table and its fence sequence, for a migration. They
+/// run through the simple query protocol as one string.
+pub fn locks_ddl(table_name: &str) -> Result<String, Error> {
+    let n = names(table_name)?;
+    Ok(format!(
+        "CREATE TABLE IF NOT EXISTS {t} (key text PRIMARY KEY, token text NOT NULL, expires_at timestamptz NOT NULL);\n\
+         CREATE SEQUENCE IF NOT EXISTS {s};",
+        t = n.table,
+        s = n.sequence
+    ))
+}
+
+struct Statements {
+    acquire: String,
+    acquire_fenced: String,
+    release: String,
+    extend: String,
+    is_held: String,
+    sweep: String,
+}
+
+impl Statements {
+    fn new(n: &Names) -> Self {
+        let t = &n.table;
+        let grant = |returning: &str| {
+            format!(
+                "INSERT INTO {t} AS l (key, token, expires_at) \
+                 VALUES ($1, $2, clock_timestamp() + $3::float8 * interval '1 millisecond') \
+                 ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at \
+                 WHERE l.expires_at <= clock_timestamp() RETURNING {returning}"
+            )
+        };
+        Statements {
+            acquire: grant("1::int8"),
+            acquire_fenced: grant(&format!("nextval('{}')", n.sequence.replace('\'', "''"))),
+            release: format!(
+                "DELETE FROM {t} WHERE key = $1 AND token = $2 RETURNING expires_at > clock_timestamp()"
+            ),
+            extend: format!(
+                "UPDATE {t} SET expires_at = clock_timestamp() + $3::float8 * interval '1 millisecond' \
+                 WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp() RETURNING 1"
+            ),
+            is_held: format!(
+                "SELECT 1 FROM {t} WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()"
+            ),
+            sweep: format!("DELETE FROM {t} WHERE expires_at <= clock_timestamp()"),
+        }
+    }
+}
+
+struct Inner {
+    options: PostgresOptions,
+    names: Names,
+    sql: Statements,
+    pool: Pool,
+    secrets: Vec<String>,
+    /// The table (and, once fencing is used, the sequence) has been made or checked.
+    table_ready: tokio::sync::OnceCell<()>,
+    sequence_ready: tokio::sync::OnceCell<()>,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// Locks in a PostgreSQL table.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+/// `sslmode` from a URL; tokio-postgres reads only disable/prefer/require, so the verifying
+/// modes are taken out here and applied to the TLS set-up.
+fn split_sslmode(url: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut mode = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|kv| match kv.split_once('=') {
+            Some(("sslmode", v)) => {
+                mode = Some(v.to_string());
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    let rebuilt = if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (rebuilt, mode)
+}
+
+fn password_of(config: &tokio_postgres::Config) -> Vec<String> {
+    config
+        .get_password()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .into_iter()
+        .collect()
+}
+
+/// Accepts any server certificate: `sslmode=require` encrypts without verifying, as libpq does
+/// when no root certificate is given.
+#[derive(Debug)]
+struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn tls_config(verify: bool, ca: Option<&[u8]>) -> Result<rustls::ClientConfig, Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::validation("tls", e.to_string()))?;
+    if !verify && ca.is_none() {
+        return Ok(builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+            .with_no_client_auth());
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(pem) => {
+            for cert in rustls_pemfile_certs(pem)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| Error::validation("tls.ca", e.to_string()))?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    Ok(builder.with_root_certificates(roots).with_no_client_auth())
+}
+
+/// The certificates of a PEM bundle.
+fn rustls_pemfile_certs(
+    pem: &[u8],
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, Error> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::validation("tls.ca", format!("not a PEM certificate: {e:?}")))
+}
+
+impl PostgresBackend {
+    /// Checks the options and makes the pool; connects on first use.
+    pub fn new(options: PostgresOptions) -> Result<Self, Error> {
+        let names = names(&options.table_name)?;
+        let (url, sslmode) = split_sslmode(&options.url);
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| Error::validation("url", e.to_string()))?;
+        let secrets = password_of(&config);
+        config.connect_timeout(Duration::from_millis(options.connect_timeout_ms));
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let verify = match sslmode.as_deref() {
+            None | Some("disable") | Some("allow") | Some("prefer") => None,
+            Some("require") => Some(false),
+            Some("verify-ca") | Some("verify-full") => Some(true),
+            Some(other) => {
+                return Err(Error::validation(
+                    "url",
+                    format!("unknown sslmode {other:?}"),
+                ))
+            }
+        };
+        let manager = match verify {
+            None if options.tls_ca.is_none() => {
+                Manager::from_config(config, tokio_postgres::NoTls, manager_config)
+            }
+            _ => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                let tls = tls_config(verify.unwrap_or(true), options.tls_ca.as_deref())?;
+                let connector = tokio_postgres_rustls::MakeRustlsConnect::new(tls);
+                Manager::from_config(config, connector, manager_config)
+            }
+        };
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .runtime(PoolRuntime::Tokio1)
+            .build()
+            .map_err(|e| Error::validation("poolSize", e.to_string()))?;
+        let sql = Statements::new(&names);
+        Ok(PostgresBackend {
+            inner: Arc::new(Inner {
+                options,
+                names,
+                sql,
+                pool,
+                secrets,
+                table_ready: tokio::sync::OnceCell::new(),
+                sequence_ready: tokio::sync::OnceCell::new(),
+                closed: Default::default(),
+            }),
+        })
+    }
+
+    /// Closes the pool; operations afterwards fail.
+    pub fn close(&self) {
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.inner.pool.close();
+    }
+
+    /// Deletes expired rows; answers how many.
+    pub fn sweep_expired(&self) -> Op<u64> {
+        self.run(|inner, abandon| async move {
+            let client = inner.client(&abandon).await?;
+            inner.ready(&client).await?;
+            client
+                .execute(&inner.sql.sweep, &[])
+                .await
+                .map_err(|e| inner.failure(e))
+        })
+    }
+
+    fn run<T: Send + 'static, F>(&self, work: impl FnOnce(Arc<Inner>, OnAbandon) -> F) -> Op<T>
+    where
+        F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        io::run("postgres", move |abandon| work(inner, abandon))
+    }
+
+    fn key_op<T: Send + 'static>(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Option<u32>,
+        query: impl FnOnce(&Statements) -> &str + Send + 'static,
+        answer: impl FnOnce(Vec<tokio_postgres::Row>, u64) -> T + Send + 'static,
+        fenced: bool,
+    ) -> Op<T> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        let ttl = ttl.map(f64::from);
+        self.run(move |inner, abandon| async move {
+            let client = inner.client(&abandon).await?;
+            inner.ready(&client).await?;
+            if fenced {
+                inner.sequence(&client).await?;
+            }
+            let sql = query(&inner.sql);
+            let statement = client
+                .prepare_cached(sql)
+                .await
+                .map_err(|e| inner.failure(e))?;
+            // From here a cancel request is what stops the statement early.
+            // The cancel request goes without TLS: it carries only the backend's key.
+            let cancel = client.cancel_token();
+            abandon.set(move || {
+                io::runtime()
+                    .spawn(async move { cancel.cancel_query(tokio_postgres::NoTls).await });
+            });
+            let rows = match ttl {
+                Some(ttl) => client.query(&statement, &[&key, &token, &ttl]).await,
+                None => client.query(&statement, &[&key, &token]).await,
+            };
+            abandon.clear();
+            let rows = rows.map_err(|e| inner.failure(e))?;
+            let n = rows.len() as u64;
+            Ok(answer(rows, n))
+        })
+    }
+}
+
+impl Inner {
+    fn failure(&self, e: tokio_postgres::Error) -> Failure {
+        let code = e.code().map(|c| c.code().to_string());
+        let kind = match e.code() {
+            Some(c)
+                if *c == SqlState::INVALID_PASSWORD
+                    || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION =>
+            {
+                BackendErrorKind::Auth
+            }
+            Some(c) if *c == SqlState::INSUFFICIENT_PRIVILEGE => BackendErrorKind::Auth,
+            Some(c) if *c == SqlState::QUERY_CANCELED || *c == SqlState::LOCK_NOT_AVAILABLE => {
+                BackendErrorKind::Timeout
+            }
+            Some(_) => BackendErrorKind::Other,
+            None if e.is_closed() => BackendErrorKind::Io,
+            None => {
+                let m = format!("{e:?}").to_ascii_lowercase();
+                if m.contains("tls") || m.contains("certificate") || m.contains("handshake") {
+                    BackendErrorKind::Tls
+                } else if m.contains("timeout") || m.contains("timed out") {
+                    BackendErrorKind::Timeout
+                } else {
+                    BackendErrorKind::Io
+                }
+            }
+        };
+        let detail = match e.as_db_error() {
+            Some(db) => db.message().to_string(),
+            None => {
+                let source = std::error::Error::source(&e)
+                    .map(|s| format!(": {s}"))
+                    .unwrap_or_default();
+                format!("{e}{source}")
+            }
+        };
+        Failure {
+            code,
+            ..Failure::new("postgres", kind, redact(&self.secrets, detail))
+        }
+    }
+
+    async fn client(&self, _abandon: &OnAbandon) -> Result<deadpool_postgres::Object, Failure> {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Failure::new(
+                "postgres",
+                BackendErrorKind::Config,
+                "the Postgres adapter is closed",
+            ));
+        }
+        // Waiting for a pooled connection needs no cancel: dropping the wait is enough.
+        self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(e) => self.failure(e),
+            deadpool_postgres::PoolError::Timeout(_) => Failure::new(
+                "postgres",
+                BackendErrorKind::Timeout,
+                "no pooled connection came free in time",
+            ),
+            other => Failure::new(
+                "postgres",
+                BackendErrorKind::Other,
+                redact(&self.secrets, other.to_string()),
+            ),
+        })
+    }
+
+    /// Makes the table, or checks it once when `createTable` is off. A failed check runs
+    /// again on the next call.
+    async fn ready(&self, client: &tokio_postgres::Client) -> Result<(), Failure> {
+        self.table_ready
+            .get_or_try_init(|| async {
+                if self.options.create_table {
+                    let ddl = locks_ddl(&self.names.plain).map_err(config_failure)?;
+                    return client.batch_execute(&ddl).await.map_err(|e| self.failure(e));
+                }
+                let row = client
+                    .query_one(
+                        "SELECT to_regclass($1) IS NOT NULL, EXISTS ( \
+                           SELECT 1 FROM pg_index i \
+                           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+                           WHERE i.indrelid = to_regclass($1) AND i.indisunique \
+                             AND i.indnkeyatts = 1 AND a.attname = 'key')",
+                        &[&self.names.table],
+                    )
+                    .await
+                    .map_err(|e| self.failure(e))?;
+                let (exists, unique): (bool, bool) = (row.get(0), row.get(1));
+                if !exists {
+                    return Err(validation_failure(format!(
+                        "table {} does not exist; create it from postgresLocksDdl() or set createTable: true",
+                        self.names.plain
+                    )));
+                }
+                if !unique {
+                    return Err(validation_failure(format!(
+                        "table {} has no primary key or unique index on key alone, which ON CONFLICT (key) needs",
+                        self.names.plain
+                    )));
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Checks the fence sequence once, before the first fenced acquire.
+    async fn sequence(&self, client: &tokio_postgres::Client) -> Result<(), Failure> {
+        if let Err(why) = &self.names.fence_ok {
+            return Err(validation_failure(why.clone()));
+        }
+        self.sequence_ready
+            .get_or_try_init(|| async {
+                let row = client
+                    .query_one(
+                        "SELECT to_regclass($1) IS NOT NULL, \
+                           to_regclass($1) IS NOT NULL AND has_sequence_privilege(to_regclass($1), 'USAGE')",
+                        &[&self.names.sequence],
+                    )
+                    .await
+                    .map_err(|e| self.failure(e))?;
+                let (exists, usable): (bool, bool) = (row.get(0), row.get(1));
+                let seq = self.names.sequence.replace('"', "");
+                if !exists {
+                    return Err(validation_failure(format!(
+                        "sequence {seq} does not exist; create it from postgresLocksDdl() for fencing"
+                    )));
+                }
+                if !usable {
+                    return Err(validation_failure(format!(
+                        "this role has no USAGE on sequence {seq}: GRANT USAGE ON SEQUENCE {seq} TO <role>"
+                    )));
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+}
+
+/// A set-up problem found on the server: reported as a `ValidationError` on `tableName`.
+fn validation_failure(message: String) -> Failure {
+    Failure {
+        validation: Some("tableName"),
+        ..Failure::new("postgres", BackendErrorKind::Config, message)
+    }
+}
+
+fn config_failure(e: Error) -> Failure {
+    validation_failure(e.to_string())
+}
+
+impl Backend for PostgresBackend {
+    fn name(&self) -> &str {
+        "postgres"
+    }
+
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        self.key_op(key, token, Some(ttl), |s| &s.acquire, |_, n| n == 1, false)
+    }
+
+    fn release(&self, key: &str, token: &str) -> Op<bool> {
+        let live =
+            |rows: Vec<tokio_postgres::Row>, _| rows.first().is_some_and(|r| r.get::<_, bool>(0));
+        self.key_op(key, token, None, |s| &s.release, live, false)
+    }
+
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        self.key_op(key, token, Some(ttl), |s| &s.extend, |_, n| n == 1, false)
+    }
+
+    fn is_held(&self, key: &str, token: &str) -> Op<bool> {
+        self.key_op(key, token, None, |s| &s.is_held, |_, n| n == 1, false)
+    }
+
+    fn supports_fencing(&self) -> bool {
+        true
+    }
+
+    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
+        if let Err(why) = &self.inner.names.fence_ok {
+            return Op::ready(Err(Error::validation("tableName", why.clone())));
+        }
+        let fence =
+            |rows: Vec<tokio_postgres::Row>, _| rows.first().map(|r| r.get::<_, i64>(0) as u64);
+        self.key_op(key, token, Some(ttl), |s| &s.acquire_fenced, fence, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        for bad in [
+            "locks; DROP TABLE users",
+            "\"locks\"",
+            "locks --",
+            "lo cks",
+            "a.b.c",
+            "1locks",
+            "locks'",
+            "",
+            &"x".repeat(64),
+        ] {
+            assert!(names(bad).is_err(), "{bad:?} must be refused");
+        }
+        let n = names("app.locco_locks").unwrap();
+        assert_eq!(n.table, "\"app\".\"locco_locks\"");
+        assert_eq!(n.sequence, "\"app\".\"locco_locks_fence\"");
+        assert!(names(&"x".repeat(58)).unwrap().fence_ok.is_err());
+        assert!(names(&"x".repeat(57)).unwrap().fence_ok.is_ok());
+    }
+
+    #[test]
+    fn sslmode_is_taken_out_of_the_url() {
+        assert_eq!(
+            split_sslmode("postgres://u@h/db?sslmode=verify-full&application_name=x"),
+            (
+                "postgres://u@h/db?application_name=x".to_string(),
+                Some("verify-full".to_string())
+            )
+        );
+        assert_eq!(
+            split_sslmode("postgres://u@h/db"),
+            ("postgres://u@h/db".to_string(), None)
+        );
+    }
+}
