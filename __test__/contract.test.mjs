@@ -6,11 +6,13 @@ import { registerContractForTest } from './support/contract-internal.mjs';
 import { MapAdapter, UnfencedMapAdapter, brokenAdapters } from './support/map-adapter.mjs';
 import { runCollected } from './support/collect.mjs';
 import { RedisAdapter } from 'locco-rs/redis';
-import { startRedis, valkeyBinary } from './support/servers.mjs';
+import { PostgresAdapter } from 'locco-rs/postgres';
+import { startPostgres, startRedis, valkeyBinary } from './support/servers.mjs';
 
 const redis = await startRedis();
 const valkey = await startRedis({ binary: valkeyBinary() });
-after(() => Promise.all([redis.dispose(), valkey.dispose()]));
+const postgres = await startPostgres();
+after(() => Promise.all([redis.dispose(), valkey.dispose(), postgres.dispose()]));
 
 runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
 runLockAdapterContract('MapAdapter (reference, JavaScript)', async () => ({ adapter: new MapAdapter() }));
@@ -20,6 +22,10 @@ runLockAdapterContract('RedisAdapter', () => {
 });
 runLockAdapterContract('RedisAdapter on Valkey', () => {
   const adapter = new RedisAdapter({ url: valkey.url });
+  return { adapter, cleanup: () => adapter.close() };
+});
+runLockAdapterContract('PostgresAdapter', () => {
+  const adapter = new PostgresAdapter({ url: postgres.url, poolSize: 4 });
   return { adapter, cleanup: () => adapter.close() };
 });
 runLockAdapterContract('MapAdapter without fencing', () => ({ adapter: new UnfencedMapAdapter() }));

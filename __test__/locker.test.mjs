@@ -9,12 +9,15 @@ import {
   LoccoError,
   exponentialBackoff,
 } from 'locco-rs';
+import { PostgresAdapter } from 'locco-rs/postgres';
 import { RedisAdapter } from 'locco-rs/redis';
 import { ADAPTERS, sleep, until } from './support/adapters.mjs';
-import { startRedis } from './support/servers.mjs';
+import { startPostgres, startRedis } from './support/servers.mjs';
 
 const redis = await startRedis();
-after(() => redis.dispose());
+const postgres = await startPostgres();
+after(() => Promise.all([redis.dispose(), postgres.dispose()]));
+let tables = 0;
 const ALL = [
   ...ADAPTERS,
   [
@@ -24,6 +27,8 @@ const ALL = [
       return new RedisAdapter({ url: redis.url });
     },
   ],
+  // A table of its own per test, so keys left held by one test do not meet the next.
+  ['PostgresAdapter', () => new PostgresAdapter({ url: postgres.url, tableName: `locks_${++tables}`, poolSize: 4 })],
 ];
 
 for (const [name, makeAdapter] of ALL) {

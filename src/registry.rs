@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use locco_core::postgres::{locks_ddl, PostgresBackend, PostgresOptions};
 use locco_core::redis::{RedisBackend, RedisOptions, WaitForReplicas};
 use locco_core::{
     validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Backoff, Delay, Error, LocalWakeups,
@@ -22,6 +23,7 @@ enum Adapter {
     Memory(Rc<MemoryBackend>),
     Js(Rc<LocalWakeups<JsBackend>>),
     Redis(Rc<LocalWakeups<RedisBackend>>),
+    Postgres(Rc<LocalWakeups<PostgresBackend>>),
 }
 
 impl Adapter {
@@ -30,6 +32,7 @@ impl Adapter {
             Adapter::Memory(m) => m.clone(),
             Adapter::Js(j) => j.clone(),
             Adapter::Redis(r) => r.clone(),
+            Adapter::Postgres(p) => p.clone(),
         }
     }
 }
@@ -187,6 +190,81 @@ pub fn redis_connect(adapter_id: u32, op_id: f64) -> Raw {
 pub fn redis_close(adapter_id: u32) {
     if let Some(backend) = redis_backend(adapter_id) {
         backend.close();
+    }
+}
+
+/// A PostgreSQL adapter; checks its options now and connects on first use.
+#[napi(catch_unwind)]
+pub fn create_postgres_adapter(
+    url: String,
+    table_name: Option<String>,
+    create_table: Option<bool>,
+    pool_size: Option<f64>,
+    connect_timeout: Option<f64>,
+    tls_ca: Option<String>,
+) -> Raw {
+    let build = || -> Result<u32, Error> {
+        let mut options = PostgresOptions::new(url);
+        if let Some(t) = table_name {
+            options.table_name = t;
+        }
+        options.create_table = create_table.unwrap_or(true);
+        if let Some(n) = pool_size {
+            if !(n.is_finite() && n >= 1.0 && n.fract() == 0.0) {
+                return Err(Error::validation("poolSize", "must be a whole number >= 1"));
+            }
+            options.pool_size = n as usize;
+        }
+        if let Some(ms) = connect_timeout {
+            if !(ms.is_finite() && ms >= 1.0) {
+                return Err(Error::validation("connectTimeout", "must be a number of ms >= 1"));
+            }
+            options.connect_timeout_ms = ms as u64;
+        }
+        options.tls_ca = tls_ca.map(String::into_bytes);
+        let backend = PostgresBackend::new(options)?;
+        let id = next_id();
+        let adapter = Adapter::Postgres(Rc::new(LocalWakeups::new(backend)));
+        REG.with(|r| r.borrow_mut().adapters.insert(id, adapter));
+        Ok(id)
+    };
+    match build() {
+        Ok(id) => Raw(crate::hub::num(id as f64)),
+        Err(e) => ops::fail(e),
+    }
+}
+
+fn postgres_backend(adapter_id: u32) -> Option<PostgresBackend> {
+    REG.with(|r| match r.borrow().adapters.get(&adapter_id) {
+        Some(Adapter::Postgres(b)) => Some(b.inner().clone()),
+        _ => None,
+    })
+}
+
+/// Deletes expired rows; answers how many.
+#[napi(catch_unwind)]
+pub fn postgres_sweep(adapter_id: u32, op_id: f64) -> Raw {
+    let Some(backend) = postgres_backend(adapter_id) else {
+        return ops::fail(Error::Internal(format!("unknown Postgres adapter {adapter_id}")));
+    };
+    let op = backend.sweep_expired();
+    ops::run(op_id, async move { Ok(Answer::Number(op.await? as f64)) })
+}
+
+/// Closes a Postgres adapter's pool.
+#[napi(catch_unwind)]
+pub fn postgres_close(adapter_id: u32) {
+    if let Some(backend) = postgres_backend(adapter_id) {
+        backend.close();
+    }
+}
+
+/// The migration statements for a lock table.
+#[napi(catch_unwind)]
+pub fn postgres_ddl(table_name: String) -> Raw {
+    match locks_ddl(&table_name) {
+        Ok(ddl) => Raw(crate::hub::string(&ddl)),
+        Err(e) => ops::fail(e),
     }
 }
 

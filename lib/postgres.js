@@ -1,0 +1,56 @@
+'use strict';
+
+const { native, answer, nextOpId } = require('./native.js');
+const { NativeAdapter, NATIVE_ID } = require('./adapters.js');
+const { validation } = require('./errors.js');
+
+/**
+ * Locks in a PostgreSQL table. The engine owns the connection pool: pass a URL, not a client.
+ */
+class PostgresAdapter extends NativeAdapter {
+  /**
+   * @param {{ url: string, tableName?: string, createTable?: boolean, poolSize?: number,
+   *   connectTimeout?: number, tls?: { ca?: string | Buffer } }} options
+   */
+  constructor(options) {
+    super();
+    if (options === null || typeof options !== 'object') throw validation('options', 'must be an object with a url');
+    const { url, tableName, createTable, poolSize, connectTimeout, tls } = options;
+    if (typeof url !== 'string') throw validation('url', 'is required: postgres://user:password@host:port/db');
+    if (tableName !== undefined && typeof tableName !== 'string') throw validation('tableName', 'must be a string');
+    if (createTable !== undefined && typeof createTable !== 'boolean') throw validation('createTable', 'must be a boolean');
+    for (const [field, v] of [['poolSize', poolSize], ['connectTimeout', connectTimeout]]) {
+      if (v !== undefined && typeof v !== 'number') throw validation(field, 'must be a number');
+    }
+    const ca = tls && tls.ca !== undefined ? String(tls.ca) : undefined;
+    const id = answer(native.createPostgresAdapter(url, tableName, createTable, poolSize, connectTimeout, ca));
+    Object.defineProperty(this, NATIVE_ID, { value: id });
+  }
+
+  /** Deletes rows whose lease ended; answers how many. Run it on a schedule. */
+  sweepExpired() {
+    try {
+      const opId = nextOpId();
+      return Promise.resolve(answer(native.postgresSweep(this[NATIVE_ID], opId), opId));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /** Closes the pool. Operations afterwards fail with a BackendError. */
+  async close() {
+    native.postgresClose(this[NATIVE_ID]);
+  }
+
+  async [Symbol.asyncDispose]() {
+    await this.close();
+  }
+}
+
+/** The statements that create the lock table and its fence sequence, for a migration. */
+function postgresLocksDdl(tableName = 'locco_locks') {
+  if (typeof tableName !== 'string') throw validation('tableName', 'must be a string');
+  return answer(native.postgresDdl(tableName));
+}
+
+module.exports = { PostgresAdapter, postgresLocksDdl };

@@ -1,0 +1,3 @@
+import cjs from './postgres.js';
+
+export const { PostgresAdapter, postgresLocksDdl } = cjs;
