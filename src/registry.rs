@@ -217,7 +217,10 @@ pub fn create_postgres_adapter(
         }
         if let Some(ms) = connect_timeout {
             if !(ms.is_finite() && ms >= 1.0) {
-                return Err(Error::validation("connectTimeout", "must be a number of ms >= 1"));
+                return Err(Error::validation(
+                    "connectTimeout",
+                    "must be a number of ms >= 1",
+                ));
             }
             options.connect_timeout_ms = ms as u64;
         }
@@ -245,7 +248,9 @@ fn postgres_backend(adapter_id: u32) -> Option<PostgresBackend> {
 #[napi(catch_unwind)]
 pub fn postgres_sweep(adapter_id: u32, op_id: f64) -> Raw {
     let Some(backend) = postgres_backend(adapter_id) else {
-        return ops::fail(Error::Internal(format!("unknown Postgres adapter {adapter_id}")));
+        return ops::fail(Error::Internal(format!(
+            "unknown Postgres adapter {adapter_id}"
+        )));
     };
     let op = backend.sweep_expired();
     ops::run(op_id, async move { Ok(Answer::Number(op.await? as f64)) })

@@ -10,7 +10,11 @@ use crate::error::Result;
 /// Being an enum keeps the synchronous path free of allocations.
 pub enum Op<T> {
     Ready(Option<Result<T>>),
-    Pending(Pin<Box<dyn Future<Output = Result<T>>>>),
+    /// A request in flight, and how to ask the backend to stop it early.
+    Pending(
+        Pin<Box<dyn Future<Output = Result<T>>>>,
+        Option<Box<dyn FnOnce()>>,
+    ),
 }
 
 impl<T> Op<T> {
@@ -18,7 +22,26 @@ impl<T> Op<T> {
         Op::Ready(Some(value))
     }
     pub fn pending(fut: impl Future<Output = Result<T>> + 'static) -> Self {
-        Op::Pending(Box::pin(fut))
+        Op::Pending(Box::pin(fut), None)
+    }
+
+    /// Registers how to stop this request early (a cancel request to the server).
+    pub fn with_abandon(mut self, stop: impl FnOnce() + 'static) -> Self {
+        if let Op::Pending(_, slot) = &mut self {
+            *slot = Some(Box::new(stop));
+        }
+        self
+    }
+
+    /// Asks the backend to stop this request as soon as it can, because nobody needs its
+    /// answer in time any more. The answer still arrives: a grant that slipped through can
+    /// then be given back.
+    pub fn abandon(&mut self) {
+        if let Op::Pending(_, slot) = self {
+            if let Some(stop) = slot.take() {
+                stop();
+            }
+        }
     }
 }
 
@@ -29,7 +52,7 @@ impl<T> Future for Op<T> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         match &mut *self {
             Op::Ready(v) => Poll::Ready(v.take().expect("Op polled after completion")),
-            Op::Pending(f) => f.as_mut().poll(cx),
+            Op::Pending(f, _) => f.as_mut().poll(cx),
         }
     }
 }

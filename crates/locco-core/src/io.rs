@@ -72,26 +72,50 @@ impl Failure {
     }
 }
 
-/// What to do when nobody waits for an operation any more (the engine dropped it at its
-/// budget): a backend registers it once its request is on the wire.
+/// How to stop an operation nobody needs in time any more (the engine gave up on it, or
+/// dropped it): a backend registers a canceller once its request is on the wire, and checks
+/// [`OnAbandon::is_abandoned`] before sending one.
 #[derive(Clone, Default)]
-pub(crate) struct OnAbandon(Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>);
+pub(crate) struct OnAbandon(Arc<AbandonState>);
+
+#[derive(Default)]
+pub(crate) struct AbandonState {
+    abandoned: std::sync::atomic::AtomicBool,
+    cancel: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
 
 impl OnAbandon {
+    /// Registers the canceller; runs it at once when the operation was already abandoned.
     pub fn set(&self, f: impl FnOnce() + Send + 'static) {
-        if let Ok(mut slot) = self.0.lock() {
+        if let Ok(mut slot) = self.0.cancel.lock() {
             *slot = Some(Box::new(f));
+        }
+        if self.is_abandoned() {
+            self.cancel();
         }
     }
 
     pub fn clear(&self) {
-        if let Ok(mut slot) = self.0.lock() {
+        if let Ok(mut slot) = self.0.cancel.lock() {
             slot.take();
         }
     }
 
-    fn take(&self) -> Option<Box<dyn FnOnce() + Send>> {
-        self.0.lock().ok().and_then(|mut s| s.take())
+    pub fn is_abandoned(&self) -> bool {
+        self.0.abandoned.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the operation abandoned and cancels what is on the wire. True when a canceller ran.
+    fn trigger(&self) -> bool {
+        self.0
+            .abandoned
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.cancel()
+    }
+
+    fn cancel(&self) -> bool {
+        let f = self.0.cancel.lock().ok().and_then(|mut s| s.take());
+        f.map(|f| f()).is_some()
     }
 }
 
@@ -107,14 +131,14 @@ where
 {
     let (mut tx, rx) = tokio::sync::oneshot::channel();
     let abandon = OnAbandon::default();
+    let trigger_abandon = abandon.clone();
     let fut = std::panic::AssertUnwindSafe(work(abandon.clone())).catch_unwind();
     runtime().spawn(async move {
         let mut fut = std::pin::pin!(fut);
         let answer = tokio::select! {
             answer = &mut fut => answer,
             () = tx.closed() => {
-                if let Some(cancel) = abandon.take() {
-                    cancel();
+                if trigger_abandon.trigger() {
                     let _ = fut.await;
                 }
                 return;
@@ -141,6 +165,9 @@ where
                 "the {backend} task ended without an answer"
             ))),
         }
+    })
+    .with_abandon(move || {
+        abandon.trigger();
     })
 }
 

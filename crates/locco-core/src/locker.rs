@@ -262,6 +262,7 @@ impl Locker {
         let answer = match first(&mut op, first(deadline, aborted(abort))).await {
             First::Left(answer) => answer?,
             First::Right(why) => {
+                op.abandon();
                 self.give_back_later(op, key, token);
                 return match why {
                     First::Left(()) => Ok(Attempt::Missed(HeldReason::Late)),
@@ -495,6 +496,15 @@ enum Bounded<T> {
 enum GrantOp {
     Plain(Op<bool>),
     Fenced(Op<Option<u64>>),
+}
+
+impl GrantOp {
+    fn abandon(&mut self) {
+        match self {
+            GrantOp::Plain(op) => op.abandon(),
+            GrantOp::Fenced(op) => op.abandon(),
+        }
+    }
 }
 
 impl std::future::Future for GrantOp {

@@ -407,6 +407,10 @@ impl PostgresBackend {
                 .prepare_cached(sql)
                 .await
                 .map_err(|e| inner.failure(e))?;
+            if abandon.is_abandoned() {
+                let late = "the statement was not sent: its caller gave up waiting";
+                return Err(Failure::new("postgres", BackendErrorKind::Timeout, late));
+            }
             // From here a cancel request is what stops the statement early.
             // The cancel request goes without TLS: it carries only the backend's key.
             let cancel = client.cancel_token();

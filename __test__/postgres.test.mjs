@@ -1,0 +1,192 @@
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { Locker, LockHeldError, ValidationError } from 'locco-rs';
+import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
+import { freePort, startPostgres } from './support/servers.mjs';
+import { sleep, until } from './support/adapters.mjs';
+
+describe('PostgresAdapter', () => {
+  let pg;
+  before(async () => {
+    pg = await startPostgres();
+  });
+  after(() => pg.dispose());
+
+  it('refuses table names that could carry SQL, before any SQL is sent', () => {
+    const shapes = [
+      'locks; DROP TABLE users',
+      'locks"; DROP TABLE users; --',
+      "locks' OR '1'='1",
+      'locks -- comment',
+      'public.locks.extra',
+      'lo cks',
+      '"quoted"',
+      'x'.repeat(64),
+    ];
+    for (const tableName of shapes) {
+      // An unreachable URL: if anything were sent, the error would be a BackendError.
+      assert.throws(
+        () => new PostgresAdapter({ url: 'postgres://u:p@127.0.0.1:1/db', tableName }),
+        (e) => e instanceof ValidationError && e.field === 'tableName',
+        tableName,
+      );
+      assert.throws(() => postgresLocksDdl(tableName), ValidationError);
+    }
+  });
+
+  it('refuses a fenced acquire on a table name too long for its sequence', async () => {
+    const adapter = new PostgresAdapter({ url: pg.url, tableName: 'x'.repeat(58) });
+    const err = await new Locker({ adapter, fencing: true }).acquire('k', { ttl: 1000 }).catch((e) => e);
+    assert.ok(err instanceof ValidationError, String(err));
+  });
+
+  it('works for a role without DDL rights after a migration from postgresLocksDdl()', async () => {
+    pg.psql('CREATE SCHEMA app');
+    pg.psql(postgresLocksDdl('app.locks'));
+    pg.psql("CREATE ROLE locker LOGIN PASSWORD 'locker-pw'");
+    pg.psql('GRANT USAGE ON SCHEMA app TO locker');
+    pg.psql('GRANT SELECT, INSERT, UPDATE, DELETE ON app.locks TO locker');
+    pg.psql('GRANT USAGE ON SEQUENCE app.locks_fence TO locker');
+    const adapter = new PostgresAdapter({ url: pg.urlFor('locker', 'locker-pw'), tableName: 'app.locks', createTable: false });
+    const locker = new Locker({ adapter, fencing: true });
+    const first = await locker.acquire('k', { ttl: 5000 });
+    await first.release();
+    const second = await locker.acquire('k', { ttl: 5000 });
+    assert.ok(second.fence > first.fence);
+    assert.equal(await second.release(), true);
+  });
+
+  it('names a missing table, or one without a unique key, and checks again next call', async () => {
+    const missing = new PostgresAdapter({ url: pg.url, tableName: 'nowhere', createTable: false });
+    const locker = new Locker({ adapter: missing });
+    const err = await locker.tryAcquire('k', { ttl: 1000 }).catch((e) => e);
+    assert.ok(err instanceof ValidationError, String(err));
+    assert.match(err.message, /nowhere does not exist/);
+    pg.psql('CREATE TABLE nowhere (key text, token text NOT NULL, expires_at timestamptz NOT NULL)');
+    const err2 = await locker.tryAcquire('k', { ttl: 1000 }).catch((e) => e);
+    assert.ok(err2 instanceof ValidationError);
+    assert.match(err2.message, /unique index on key/);
+    pg.psql('ALTER TABLE nowhere ADD PRIMARY KEY (key)');
+    assert.notEqual(await locker.tryAcquire('k', { ttl: 1000 }), null);
+  });
+
+  it('gives a clear error on the first fenced acquire without USAGE on the sequence', async () => {
+    pg.psql(postgresLocksDdl('seqless'));
+    pg.psql("CREATE ROLE nouse LOGIN PASSWORD 'nouse-pw'");
+    pg.psql('GRANT SELECT, INSERT, UPDATE, DELETE ON seqless TO nouse');
+    const adapter = new PostgresAdapter({ url: pg.urlFor('nouse', 'nouse-pw'), tableName: 'seqless', createTable: false });
+    const plain = await new Locker({ adapter }).acquire('k', { ttl: 1000 });
+    await plain.release();
+    const err = await new Locker({ adapter, fencing: true }).acquire('k', { ttl: 1000 }).catch((e) => e);
+    assert.ok(err instanceof ValidationError, String(err));
+    assert.match(err.message, /no USAGE on sequence seqless_fence/);
+  });
+
+  it('keeps the retry budget while another transaction holds the row', async () => {
+    const adapter = new PostgresAdapter({ url: pg.url, tableName: 'rowlocked', poolSize: 1 });
+    const locker = new Locker({ adapter });
+    const held = await locker.acquire('row', { ttl: 100 });
+    await sleep(150); // expired, but the row is still there
+    const session = pg.session('BEGIN; SELECT * FROM rowlocked WHERE key = $$row$$ FOR UPDATE; SELECT pg_sleep(30);\n');
+    try {
+      await sleep(500); // the session holds the row lock
+      const started = performance.now();
+      const err = await locker.acquire('row', { ttl: 5000, retry: { timeout: 300 } }).catch((e) => e);
+      const took = performance.now() - started;
+      assert.ok(err instanceof LockHeldError, String(err));
+      assert.ok(took < 1500, `took ${took} ms`);
+      // The one pooled connection is healthy: the blocked statement was cancelled.
+      const t2 = performance.now();
+      assert.notEqual(await locker.tryAcquire('elsewhere', { ttl: 1000 }), null);
+      assert.ok(performance.now() - t2 < 1000);
+    } finally {
+      session.kill();
+    }
+    await held.release();
+  });
+
+  it('sweepExpired removes expired rows and answers how many', async () => {
+    const adapter = new PostgresAdapter({ url: pg.url, tableName: 'sweep' });
+    const locker = new Locker({ adapter });
+    await locker.acquire('a', { ttl: 50 });
+    await locker.acquire('b', { ttl: 50 });
+    await locker.acquire('c', { ttl: 60_000 });
+    await sleep(120);
+    assert.equal(await adapter.sweepExpired(), 2);
+    assert.equal(pg.psql('SELECT count(*) FROM sweep'), '1');
+  });
+
+  it('a wrong password is an auth BackendError without the password', async () => {
+    const adapter = new PostgresAdapter({ url: pg.urlFor('postgres', 'not-the-pw'), tableName: 'x' });
+    const err = await new Locker({ adapter }).tryAcquire('k', { ttl: 1000 }).catch((e) => e);
+    assert.equal(err.code, 'LOCK_BACKEND', String(err));
+    assert.equal(err.backend, 'postgres');
+    assert.equal(err.kind, 'auth');
+    assert.equal(err.serverCode, '28P01');
+    assert.doesNotMatch(`${err.message}`, /not-the-pw/);
+  });
+
+  it('an unreachable server is an io BackendError within the connect timeout', async () => {
+    const port = await freePort();
+    const adapter = new PostgresAdapter({ url: `postgres://u:secret-1@127.0.0.1:${port}/db`, connectTimeout: 1000 });
+    const started = performance.now();
+    const err = await new Locker({ adapter }).tryAcquire('k', { ttl: 1000 }).catch((e) => e);
+    assert.equal(err.code, 'LOCK_BACKEND', String(err));
+    assert.ok(['io', 'timeout'].includes(err.kind), err.kind);
+    assert.ok(performance.now() - started < 3000);
+    assert.doesNotMatch(err.message, /secret-1/);
+  });
+
+  it('survives a server restart while a lock is held with auto-extension', async () => {
+    const adapter = new PostgresAdapter({ url: pg.url, tableName: 'restart', connectTimeout: 1000 });
+    const events = [];
+    const locker = new Locker({ adapter, onEvent: (e) => events.push(e) });
+    const lock = await locker.acquire('r', { ttl: 3000, autoExtend: { maxHold: 60_000, interval: 500 } });
+    await pg.restart();
+    // Broken pooled connections are replaced; the row survived (fsync off but a clean table),
+    // so the heartbeat either recovers or the lock ends for a stated reason.
+    await until(() => events.some((e) => e.type === 'extended' || e.type === 'extendFailed'), 5000);
+    await sleep(1500);
+    assert.ok(lock.state === 'held' || ['extend', 'extend-failed', 'late-extend'].includes(lock.lostReason), lock.lostReason);
+    const other = await locker.acquire('after-restart', { ttl: 1000, retry: { retries: 20, delay: 100 } });
+    assert.equal(other.state, 'held');
+  });
+});
+
+describe('PostgresAdapter over TLS', () => {
+  let pg;
+  let ca;
+  before(async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'locco-pgtls-'));
+    const at = (f) => join(dir, f);
+    const ssl = (...args) => execFileSync('openssl', args, { stdio: 'ignore' });
+    ssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=locco-test-ca', '-keyout', at('ca.key'), '-out', at('ca.pem'));
+    ssl('req', '-newkey', 'rsa:2048', '-nodes', '-subj', '/CN=localhost', '-keyout', at('key.pem'), '-out', at('req.csr'));
+    writeFileSync(at('ext.cnf'), 'subjectAltName=DNS:localhost,IP:127.0.0.1\n');
+    ssl('x509', '-req', '-in', at('req.csr'), '-CA', at('ca.pem'), '-CAkey', at('ca.key'), '-CAcreateserial', '-days', '1', '-out', at('cert.pem'), '-extfile', at('ext.cnf'));
+    ca = readFileSync(at('ca.pem'), 'utf8');
+    pg = await startPostgres({ ssl: { cert: readFileSync(at('cert.pem')), key: readFileSync(at('key.pem')) } });
+  });
+  after(() => pg.dispose());
+
+  it('connects with sslmode=verify-full and a CA, and with sslmode=require', async () => {
+    const verified = new PostgresAdapter({ url: `${pg.url.replace('127.0.0.1', 'localhost')}?sslmode=verify-full`, tls: { ca } });
+    const lock = await new Locker({ adapter: verified }).acquire('tls', { ttl: 1000 });
+    assert.equal(await lock.release(), true);
+    const ours = "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE s.ssl AND a.application_name <> 'psql'";
+    assert.ok(Number(pg.psql(ours)) >= 1, 'the adapter connected with TLS');
+    const encrypted = new PostgresAdapter({ url: `${pg.url}?sslmode=require` });
+    assert.notEqual(await new Locker({ adapter: encrypted }).tryAcquire('tls2', { ttl: 1000 }), null);
+  });
+
+  it('refuses a certificate it cannot verify', async () => {
+    const adapter = new PostgresAdapter({ url: `${pg.url.replace('127.0.0.1', 'localhost')}?sslmode=verify-full` });
+    const err = await new Locker({ adapter }).tryAcquire('k', { ttl: 1000 }).catch((e) => e);
+    assert.equal(err.code, 'LOCK_BACKEND', String(err));
+    assert.equal(err.kind, 'tls');
+  });
+});
