@@ -99,6 +99,15 @@ describe('PostgresAdapter', () => {
       const took = performance.now() - started;
       assert.ok(err instanceof LockHeldError, String(err));
       assert.ok(took < 1500, `took ${took} ms`);
+      // Pool exhaustion is bounded too: two callers share the one connection, the second
+      // waiting for it, and both return within their budgets.
+      const t1 = performance.now();
+      const both = await Promise.all([
+        locker.acquire('row', { ttl: 5000, retry: { timeout: 300 } }).catch((e) => e),
+        locker.acquire('row', { ttl: 5000, retry: { timeout: 300 } }).catch((e) => e),
+      ]);
+      assert.ok(both.every((e) => e instanceof LockHeldError), String(both));
+      assert.ok(performance.now() - t1 < 2000, `pool wait took ${performance.now() - t1} ms`);
       // The one pooled connection is healthy: the blocked statement was cancelled.
       const t2 = performance.now();
       assert.notEqual(await locker.tryAcquire('elsewhere', { ttl: 1000 }), null);

@@ -20,6 +20,7 @@ import {
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { runLockAdapterContract } from 'locco-rs/testing';
 import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
+import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
 
 const adapter: LockAdapter = new InMemoryAdapter({ now: () => performance.now() });
 const delay: DelayFn = exponentialBackoff({ base: 50, max: 1000, factor: 2, jitter: true });
@@ -81,4 +82,17 @@ export async function redis(): Promise<void> {
   } catch (e) {
     if (e instanceof RedisReplicationError) console.log(e.replicas, e.acknowledged);
   }
+}
+
+export async function postgres(): Promise<number> {
+  const ddl: string = postgresLocksDdl('app.locks');
+  await using adapter = new PostgresAdapter({
+    url: 'postgres://app:pw@127.0.0.1:5432/app?sslmode=verify-full',
+    tableName: 'app.locks',
+    createTable: false,
+    poolSize: 4,
+    connectTimeout: 1000,
+    tls: { ca: ddl },
+  });
+  return adapter.sweepExpired();
 }
