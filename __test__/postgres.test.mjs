@@ -1,12 +1,8 @@
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Locker, LockHeldError, ValidationError } from 'locco-rs';
 import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
-import { freePort, startPostgres } from './support/servers.mjs';
+import { freePort, makeTestCertificates, startPostgres } from './support/servers.mjs';
 import { sleep, until } from './support/adapters.mjs';
 
 describe('PostgresAdapter', () => {
@@ -170,15 +166,9 @@ describe('PostgresAdapter over TLS', () => {
   let pg;
   let ca;
   before(async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'locco-pgtls-'));
-    const at = (f) => join(dir, f);
-    const ssl = (...args) => execFileSync('openssl', args, { stdio: 'ignore' });
-    ssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=locco-test-ca', '-keyout', at('ca.key'), '-out', at('ca.pem'));
-    ssl('req', '-newkey', 'rsa:2048', '-nodes', '-subj', '/CN=localhost', '-keyout', at('key.pem'), '-out', at('req.csr'));
-    writeFileSync(at('ext.cnf'), 'subjectAltName=DNS:localhost,IP:127.0.0.1\n');
-    ssl('x509', '-req', '-in', at('req.csr'), '-CA', at('ca.pem'), '-CAkey', at('ca.key'), '-CAcreateserial', '-days', '1', '-out', at('cert.pem'), '-extfile', at('ext.cnf'));
-    ca = readFileSync(at('ca.pem'), 'utf8');
-    pg = await startPostgres({ ssl: { cert: readFileSync(at('cert.pem')), key: readFileSync(at('key.pem')) } });
+    const certs = makeTestCertificates();
+    ca = certs.ca;
+    pg = await startPostgres({ ssl: { cert: certs.cert, key: certs.key } });
   });
   after(() => pg.dispose());
 

@@ -1,12 +1,9 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Locker, LockHeldError, ValidationError } from 'locco-rs';
 import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
-import { freePort, startRedis } from './support/servers.mjs';
+import { freePort, makeTestCertificates, startRedis } from './support/servers.mjs';
 import { sleep, until } from './support/adapters.mjs';
 
 describe('RedisAdapter faults', () => {
@@ -136,19 +133,12 @@ describe('RedisAdapter over TLS', () => {
   let redis;
   let ca;
   before(async () => {
-    // A throwaway CA and a server certificate it signs, made here by openssl.
-    const dir = mkdtempSync(join(tmpdir(), 'locco-tls-'));
-    const at = (f) => join(dir, f);
-    const ssl = (...args) => execFileSync('openssl', args, { stdio: 'ignore' });
-    ssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=locco-test-ca', '-keyout', at('ca.key'), '-out', at('ca.pem'));
-    ssl('req', '-newkey', 'rsa:2048', '-nodes', '-subj', '/CN=localhost', '-keyout', at('key.pem'), '-out', at('req.csr'));
-    writeFileSync(at('ext.cnf'), 'subjectAltName=DNS:localhost,IP:127.0.0.1\n');
-    ssl('x509', '-req', '-in', at('req.csr'), '-CA', at('ca.pem'), '-CAkey', at('ca.key'), '-CAcreateserial', '-days', '1', '-out', at('cert.pem'), '-extfile', at('ext.cnf'));
-    ca = readFileSync(at('ca.pem'), 'utf8');
+    const certs = makeTestCertificates();
+    ca = certs.ca;
     const tlsPort = await freePort();
     redis = await startRedis({
       tlsPort,
-      args: ['--tls-cert-file', join(dir, 'cert.pem'), '--tls-key-file', join(dir, 'key.pem'), '--tls-auth-clients', 'no'],
+      args: ['--tls-cert-file', certs.certFile, '--tls-key-file', certs.keyFile, '--tls-auth-clients', 'no'],
     });
   });
   after(() => redis.dispose());

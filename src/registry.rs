@@ -79,6 +79,33 @@ fn keep(lock: Lock) -> f64 {
     id as f64
 }
 
+/// Keeps an adapter; answers its id.
+fn register(adapter: Adapter) -> u32 {
+    let id = next_id();
+    REG.with(|r| r.borrow_mut().adapters.insert(id, adapter));
+    id
+}
+
+/// An id for JavaScript, or `FAILED` with the error.
+fn id_or_fail(built: Result<u32, Error>) -> Raw {
+    match built {
+        Ok(id) => Raw(crate::hub::num(id as f64)),
+        Err(e) => ops::fail(e),
+    }
+}
+
+/// An optional whole number of at least 1 (milliseconds, a pool size).
+fn at_least_one(field: &str, v: Option<f64>) -> Result<Option<u64>, Error> {
+    match v {
+        None => Ok(None),
+        Some(n) if n.is_finite() && n >= 1.0 && n.fract() == 0.0 => Ok(Some(n as u64)),
+        Some(n) => Err(Error::validation(
+            field,
+            format!("must be a whole number >= 1, got {n}"),
+        )),
+    }
+}
+
 /// An in-memory adapter. `clock_id`: an injected clock (see `now`), else the monotonic clock.
 #[napi(catch_unwind)]
 pub fn create_memory_adapter(clock_id: Option<u32>) -> u32 {
@@ -86,13 +113,7 @@ pub fn create_memory_adapter(clock_id: Option<u32>) -> u32 {
         Some(id) => MemoryBackend::new(Rc::new(JsClock { id })),
         None => MemoryBackend::default(),
     };
-    let id = next_id();
-    REG.with(|r| {
-        r.borrow_mut()
-            .adapters
-            .insert(id, Adapter::Memory(Rc::new(backend)))
-    });
-    id
+    register(Adapter::Memory(Rc::new(backend)))
 }
 
 /// Forgets every lock of an in-memory adapter; its fencing counters stay.
@@ -120,48 +141,26 @@ pub fn create_redis_adapter(
     replicas_timeout: Option<f64>,
     tls_ca: Option<String>,
 ) -> Raw {
-    let ms = |field: &str, v: Option<f64>, default: u64| -> Result<u64, Error> {
-        match v {
-            None => Ok(default),
-            Some(n) if n.is_finite() && n >= 1.0 => Ok(n as u64),
-            Some(n) => Err(Error::validation(
-                field,
-                format!("must be a number of ms >= 1, got {n}"),
-            )),
-        }
-    };
-    let build = || -> Result<u32, Error> {
+    id_or_fail((|| {
         let mut options = RedisOptions::new(String::new());
         options.urls = urls;
         options.cluster = cluster;
-        options.connect_timeout_ms = ms("connectTimeout", connect_timeout, 5000)?;
-        options.command_timeout_ms = ms("commandTimeout", command_timeout, 5000)?;
+        options.connect_timeout_ms =
+            at_least_one("connectTimeout", connect_timeout)?.unwrap_or(5000);
+        options.command_timeout_ms =
+            at_least_one("commandTimeout", command_timeout)?.unwrap_or(5000);
         options.tls_ca = tls_ca.map(String::into_bytes);
-        if let Some(r) = replicas {
-            if !(r.is_finite() && r >= 1.0 && r.fract() == 0.0) {
-                return Err(Error::validation(
-                    "waitForReplicas.replicas",
-                    "must be a whole number >= 1",
-                ));
-            }
+        if let Some(r) = at_least_one("waitForReplicas.replicas", replicas)? {
             options.wait_for_replicas = Some(WaitForReplicas {
                 replicas: r as u32,
-                timeout_ms: ms("waitForReplicas.timeout", replicas_timeout, 0)?,
+                timeout_ms: at_least_one("waitForReplicas.timeout", replicas_timeout)?.unwrap_or(0),
             });
         }
         let backend = RedisBackend::new(options)?;
-        let id = next_id();
-        REG.with(|r| {
-            r.borrow_mut()
-                .adapters
-                .insert(id, Adapter::Redis(Rc::new(LocalWakeups::new(backend))))
-        });
-        Ok(id)
-    };
-    match build() {
-        Ok(id) => Raw(crate::hub::num(id as f64)),
-        Err(e) => ops::fail(e),
-    }
+        Ok(register(Adapter::Redis(Rc::new(LocalWakeups::new(
+            backend,
+        )))))
+    })())
 }
 
 fn redis_backend(adapter_id: u32) -> Option<RedisBackend> {
@@ -203,38 +202,24 @@ pub fn create_postgres_adapter(
     connect_timeout: Option<f64>,
     tls_ca: Option<String>,
 ) -> Raw {
-    let build = || -> Result<u32, Error> {
+    id_or_fail((|| {
         let mut options = PostgresOptions::new(url);
         if let Some(t) = table_name {
             options.table_name = t;
         }
         options.create_table = create_table.unwrap_or(true);
-        if let Some(n) = pool_size {
-            if !(n.is_finite() && n >= 1.0 && n.fract() == 0.0) {
-                return Err(Error::validation("poolSize", "must be a whole number >= 1"));
-            }
+        if let Some(n) = at_least_one("poolSize", pool_size)? {
             options.pool_size = n as usize;
         }
-        if let Some(ms) = connect_timeout {
-            if !(ms.is_finite() && ms >= 1.0) {
-                return Err(Error::validation(
-                    "connectTimeout",
-                    "must be a number of ms >= 1",
-                ));
-            }
-            options.connect_timeout_ms = ms as u64;
+        if let Some(ms) = at_least_one("connectTimeout", connect_timeout)? {
+            options.connect_timeout_ms = ms;
         }
         options.tls_ca = tls_ca.map(String::into_bytes);
         let backend = PostgresBackend::new(options)?;
-        let id = next_id();
-        let adapter = Adapter::Postgres(Rc::new(LocalWakeups::new(backend)));
-        REG.with(|r| r.borrow_mut().adapters.insert(id, adapter));
-        Ok(id)
-    };
-    match build() {
-        Ok(id) => Raw(crate::hub::num(id as f64)),
-        Err(e) => ops::fail(e),
-    }
+        Ok(register(Adapter::Postgres(Rc::new(LocalWakeups::new(
+            backend,
+        )))))
+    })())
 }
 
 fn postgres_backend(adapter_id: u32) -> Option<PostgresBackend> {
@@ -435,10 +420,7 @@ pub fn create_locker(
         REG.with(|r| r.borrow_mut().lockers.insert(id, locker));
         Ok(id)
     };
-    match build() {
-        Ok(id) => Raw(crate::hub::num(id as f64)),
-        Err(e) => ops::fail(e),
-    }
+    id_or_fail(build())
 }
 
 /// Builds one acquisition's options from the call's fields over the Locker's policy.

@@ -1,6 +1,6 @@
 // Test servers on free loopback ports, in temporary directories, stopped afterwards.
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, connect } from 'node:net';
 import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -166,5 +166,26 @@ export async function startPostgres({ ssl } = {}) {
       }
       rmSync(dir, { recursive: true, force: true });
     },
+  };
+}
+
+/**
+ * A throwaway CA and a server certificate it signs for localhost and 127.0.0.1, made by
+ * openssl in a temp dir. Answers PEM text: { ca, cert, key } and the files' paths.
+ */
+export function makeTestCertificates() {
+  const dir = mkdtempSync(join(tmpdir(), 'locco-tls-'));
+  const at = (f) => join(dir, f);
+  const ssl = (...args) => execFileSync('openssl', args, { stdio: 'ignore' });
+  ssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=locco-test-ca', '-keyout', at('ca.key'), '-out', at('ca.pem'));
+  ssl('req', '-newkey', 'rsa:2048', '-nodes', '-subj', '/CN=localhost', '-keyout', at('key.pem'), '-out', at('req.csr'));
+  writeFileSync(at('ext.cnf'), 'subjectAltName=DNS:localhost,IP:127.0.0.1\n');
+  ssl('x509', '-req', '-in', at('req.csr'), '-CA', at('ca.pem'), '-CAkey', at('ca.key'), '-CAcreateserial', '-days', '1', '-out', at('cert.pem'), '-extfile', at('ext.cnf'));
+  return {
+    ca: readFileSync(at('ca.pem'), 'utf8'),
+    cert: readFileSync(at('cert.pem'), 'utf8'),
+    key: readFileSync(at('key.pem'), 'utf8'),
+    certFile: at('cert.pem'),
+    keyFile: at('key.pem'),
   };
 }
