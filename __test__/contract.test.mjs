@@ -7,12 +7,14 @@ import { MapAdapter, UnfencedMapAdapter, brokenAdapters } from './support/map-ad
 import { runCollected } from './support/collect.mjs';
 import { RedisAdapter } from 'locco-rs/redis';
 import { PostgresAdapter } from 'locco-rs/postgres';
-import { startPostgres, startRedis, valkeyBinary } from './support/servers.mjs';
+import { MongoAdapter } from 'locco-rs/mongo';
+import { startMongo, startPostgres, startRedis, valkeyBinary } from './support/servers.mjs';
 
 const redis = await startRedis();
 const valkey = await startRedis({ binary: valkeyBinary() });
 const postgres = await startPostgres();
-after(() => Promise.all([redis.dispose(), valkey.dispose(), postgres.dispose()]));
+const mongo = await startMongo();
+after(() => Promise.all([redis.dispose(), valkey.dispose(), postgres.dispose(), mongo.dispose()]));
 
 runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
 runLockAdapterContract('MapAdapter (reference, JavaScript)', async () => ({ adapter: new MapAdapter() }));
@@ -26,6 +28,10 @@ runLockAdapterContract('RedisAdapter on Valkey', () => {
 });
 runLockAdapterContract('PostgresAdapter', () => {
   const adapter = new PostgresAdapter({ url: postgres.url, poolSize: 4 });
+  return { adapter, cleanup: () => adapter.close() };
+});
+runLockAdapterContract(`MongoAdapter (${mongo.name})`, () => {
+  const adapter = new MongoAdapter({ url: mongo.url, dbName: 'contract' });
   return { adapter, cleanup: () => adapter.close() };
 });
 runLockAdapterContract('MapAdapter without fencing', () => ({ adapter: new UnfencedMapAdapter() }));

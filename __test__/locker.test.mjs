@@ -9,14 +9,16 @@ import {
   LoccoError,
   exponentialBackoff,
 } from 'locco-rs';
+import { MongoAdapter } from 'locco-rs/mongo';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { RedisAdapter } from 'locco-rs/redis';
 import { ADAPTERS, sleep, until } from './support/adapters.mjs';
-import { startPostgres, startRedis } from './support/servers.mjs';
+import { startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
 const redis = await startRedis();
 const postgres = await startPostgres();
-after(() => Promise.all([redis.dispose(), postgres.dispose()]));
+const mongo = await startMongo();
+after(() => Promise.all([redis.dispose(), postgres.dispose(), mongo.dispose()]));
 let tables = 0;
 const ALL = [
   ...ADAPTERS,
@@ -29,6 +31,7 @@ const ALL = [
   ],
   // A table of its own per test, so keys left held by one test do not meet the next.
   ['PostgresAdapter', () => new PostgresAdapter({ url: postgres.url, tableName: `locks_${++tables}`, poolSize: 4 })],
+  ['MongoAdapter', () => new MongoAdapter({ url: mongo.url, dbName: 'locker_tests', collectionName: `locks_${++tables}` })],
 ];
 
 for (const [name, makeAdapter] of ALL) {

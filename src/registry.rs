@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use locco_core::mongo::{locks_indexes_json, MongoBackend, MongoOptions};
 use locco_core::postgres::{locks_ddl, PostgresBackend, PostgresOptions};
 use locco_core::redis::{RedisBackend, RedisOptions, WaitForReplicas};
 use locco_core::{
@@ -24,6 +25,7 @@ enum Adapter {
     Js(Rc<LocalWakeups<JsBackend>>),
     Redis(Rc<LocalWakeups<RedisBackend>>),
     Postgres(Rc<LocalWakeups<PostgresBackend>>),
+    Mongo(Rc<LocalWakeups<MongoBackend>>),
 }
 
 impl Adapter {
@@ -33,6 +35,7 @@ impl Adapter {
             Adapter::Js(j) => j.clone(),
             Adapter::Redis(r) => r.clone(),
             Adapter::Postgres(p) => p.clone(),
+            Adapter::Mongo(m) => m.clone(),
         }
     }
 }
@@ -256,6 +259,53 @@ pub fn postgres_ddl(table_name: String) -> Raw {
         Ok(ddl) => Raw(crate::hub::string(&ddl)),
         Err(e) => ops::fail(e),
     }
+}
+
+/// A MongoDB adapter; checks its options now and connects on first use. `w`: the write
+/// concern's number of nodes, or undefined for majority.
+#[napi(catch_unwind)]
+pub fn create_mongo_adapter(
+    url: String,
+    db_name: Option<String>,
+    collection_name: Option<String>,
+    create_indexes: Option<bool>,
+    w: Option<f64>,
+    connect_timeout: Option<f64>,
+) -> Raw {
+    id_or_fail((|| {
+        let mut options = MongoOptions::new(url);
+        options.db_name = db_name;
+        if let Some(c) = collection_name {
+            options.collection_name = c;
+        }
+        options.create_indexes = create_indexes.unwrap_or(true);
+        options.write_concern_w = at_least_one("writeConcern.w", w)?.map(|n| n as u32);
+        if let Some(ms) = at_least_one("connectTimeout", connect_timeout)? {
+            options.connect_timeout_ms = ms;
+        }
+        let backend = MongoBackend::new(options)?;
+        Ok(register(Adapter::Mongo(Rc::new(LocalWakeups::new(
+            backend,
+        )))))
+    })())
+}
+
+/// Closes a MongoDB adapter's client.
+#[napi(catch_unwind)]
+pub fn mongo_close(adapter_id: u32) {
+    let backend = REG.with(|r| match r.borrow().adapters.get(&adapter_id) {
+        Some(Adapter::Mongo(b)) => Some(b.inner().clone()),
+        _ => None,
+    });
+    if let Some(b) = backend {
+        b.close();
+    }
+}
+
+/// The lock collection's index specs, as JSON.
+#[napi(catch_unwind)]
+pub fn mongo_indexes() -> String {
+    locks_indexes_json()
 }
 
 /// An adapter written in JavaScript; the facade keeps its object under the returned id.

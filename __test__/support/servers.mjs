@@ -189,3 +189,46 @@ export function makeTestCertificates() {
     keyFile: at('key.pem'),
   };
 }
+
+/** The MongoDB-wire-compatible server the tests start (secantusd-rs, cached by the test script). */
+export function secantusBinary() {
+  if (process.env.LOCCO_SECANTUS) return process.env.LOCCO_SECANTUS;
+  if (hasCommand('secantusd-rs')) return 'secantusd-rs';
+  const bin = join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'locco-rs', 'secantus', 'bin', 'secantusd-rs');
+  try {
+    execFileSync(bin, ['--version'], { stdio: 'ignore' });
+    return bin;
+  } catch {
+    throw new Error('secantusd-rs not found: run scripts/test-all.sh, which builds and caches it');
+  }
+}
+
+/**
+ * A MongoDB for the tests: LOCCO_TEST_MONGO_URL when set (a real mongod of yours), else
+ * secantusd-rs on a free port with a temp storage path. Answers { url, name, dispose }.
+ */
+export async function startMongo() {
+  if (process.env.LOCCO_TEST_MONGO_URL) {
+    return { url: process.env.LOCCO_TEST_MONGO_URL, name: 'LOCCO_TEST_MONGO_URL', async dispose() {} };
+  }
+  const port = await freePort();
+  const dir = mkdtempSync(join(tmpdir(), 'locco-mongo-'));
+  const child = spawn(
+    secantusBinary(),
+    ['--port', String(port), '--storage-path', join(dir, 'data'), '--cache-size', '128M', '--log-file-max', '16MB', '--log-level', 'WARNING'],
+    { stdio: 'ignore' },
+  );
+  await waitForPort(port, 30_000);
+  return {
+    url: `mongodb://127.0.0.1:${port}/?directConnection=true`,
+    name: 'secantusd-rs',
+    async dispose() {
+      if (child.exitCode === null) {
+        const exited = new Promise((r) => child.once('exit', r));
+        child.kill('SIGKILL');
+        await exited;
+      }
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}

@@ -84,6 +84,8 @@ pub(crate) struct AbandonState {
     cancel: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
+// Only the Postgres backend cancels statements; the others have nothing to stop.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl OnAbandon {
     /// Registers the canceller; runs it at once when the operation was already abandoned.
     pub fn set(&self, f: impl FnOnce() + Send + 'static) {

@@ -12,11 +12,13 @@ mod backend;
 mod clock;
 mod error;
 mod events;
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mongo"))]
 mod io;
 mod lock;
 mod locker;
 mod memory;
+#[cfg(feature = "mongo")]
+pub mod mongo;
 mod options;
 #[cfg(feature = "postgres")]
 pub mod postgres;

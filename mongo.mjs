@@ -1,0 +1,3 @@
+import cjs from './mongo.js';
+
+export const { MongoAdapter, mongoLocksIndexes } = cjs;
