@@ -37,6 +37,14 @@ else
 fi
 export LOCCO_VALKEY_SERVER
 
+# MongoDB: Debian has none; the wire-compatible secantusd-rs is built from crates.io once and
+# cached (a separate program: never linked into the project). LOCCO_TEST_MONGO_URL runs the
+# same suite against a real mongod instead.
+if [ -z "${LOCCO_TEST_MONGO_URL:-}" ] && ! need secantusd-rs && [ ! -x "$CACHE/secantus/bin/secantusd-rs" ]; then
+  need cmake || apt_install cmake
+  cargo install secantus-mdb --version 0.5.3-beta.196 --locked --ignore-rust-version --root "$CACHE/secantus"
+fi
+
 if ! need cargo; then
   echo "cargo is missing: install the Rust toolchain (rustup) first" >&2
   exit 1

@@ -21,6 +21,7 @@ import { InMemoryAdapter } from 'locco-rs/memory';
 import { runLockAdapterContract } from 'locco-rs/testing';
 import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
 import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
+import { MongoAdapter, mongoLocksIndexes, type MongoIndexSpec } from 'locco-rs/mongo';
 
 const adapter: LockAdapter = new InMemoryAdapter({ now: () => performance.now() });
 const delay: DelayFn = exponentialBackoff({ base: 50, max: 1000, factor: 2, jitter: true });
@@ -95,4 +96,18 @@ export async function postgres(): Promise<number> {
     tls: { ca: ddl },
   });
   return adapter.sweepExpired();
+}
+
+export async function mongo(): Promise<string> {
+  const specs: MongoIndexSpec[] = mongoLocksIndexes();
+  await using adapter = new MongoAdapter({
+    url: 'mongodb://127.0.0.1:27017',
+    dbName: 'app',
+    collectionName: 'locks',
+    createIndexes: false,
+    writeConcern: { w: 'majority' },
+    connectTimeout: 1000,
+  });
+  const lock = await new Locker({ adapter, fencing: true }).acquire('k', { ttl: 1000 });
+  return `${specs[0].name} ${lock.fence}`;
 }

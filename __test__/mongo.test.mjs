@@ -1,0 +1,103 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { MongoClient } from 'mongodb';
+import { Locker, ValidationError } from 'locco-rs';
+import { MongoAdapter, mongoLocksIndexes } from 'locco-rs/mongo';
+import { freePort, startMongo } from './support/servers.mjs';
+
+describe('MongoAdapter', () => {
+  let mongo;
+  let client;
+  before(async () => {
+    mongo = await startMongo();
+    client = new MongoClient(mongo.url);
+    await client.connect();
+  });
+  after(async () => {
+    await client.close();
+    await mongo.dispose();
+  });
+
+  it('refuses to run without the unique index on key, and runs once it exists', async () => {
+    const db = client.db('no_index');
+    await db.createCollection('locks');
+    const adapter = new MongoAdapter({ url: mongo.url, dbName: 'no_index', collectionName: 'locks', createIndexes: false });
+    const locker = new Locker({ adapter });
+    const err = await locker.tryAcquire('k', { ttl: 1000 }).catch((e) => e);
+    assert.ok(err instanceof ValidationError, String(err));
+    assert.match(err.message, /no unique index on key/);
+    // The migration path: the indexes from mongoLocksIndexes(), created by the user.
+    await db.collection('locks').createIndexes(mongoLocksIndexes());
+    const lock = await locker.tryAcquire('k', { ttl: 1000 });
+    assert.notEqual(lock, null);
+    assert.equal(await lock.release(), true);
+  });
+
+  it('describes its indexes in the shape createIndexes takes', () => {
+    assert.deepEqual(mongoLocksIndexes(), [
+      { key: { key: 1 }, name: 'locco_key_unique', unique: true },
+      { key: { expireAt: 1 }, name: 'locco_expireAt_ttl', expireAfterSeconds: 0 },
+    ]);
+  });
+
+  it('creates its indexes and stores one document per key', async () => {
+    const adapter = new MongoAdapter({ url: mongo.url, dbName: 'shape' });
+    const lock = await new Locker({ adapter }).acquire('order:1', { ttl: 60_000 });
+    const doc = await client.db('shape').collection('locco-locks').findOne({ key: 'order:1' });
+    assert.equal(doc.uniqueValue, lock.token);
+    assert.ok(doc.expireAt instanceof Date);
+    const names = (await client.db('shape').collection('locco-locks').indexes()).map((i) => i.name);
+    assert.ok(names.includes('locco_key_unique') && names.includes('locco_expireAt_ttl'), String(names));
+  });
+
+  it('reads from the primary whatever the URL says, and writes with the configured concern', async () => {
+    const url = `${mongo.url}${mongo.url.includes('?') ? '&' : '?'}readPreference=secondaryPreferred`;
+    const adapter = new MongoAdapter({ url, dbName: 'prefs', writeConcern: { w: 1 } });
+    const lock = await new Locker({ adapter }).acquire('k', { ttl: 5000 });
+    assert.equal(await lock.isHeld(), true);
+    assert.equal(await lock.release(), true);
+  });
+
+  it('fence tokens keep growing per key', async () => {
+    const locker = new Locker({ adapter: new MongoAdapter({ url: mongo.url, dbName: 'fences' }), fencing: true });
+    const fences = [];
+    for (let i = 0; i < 3; i++) {
+      const lock = await locker.acquire('f', { ttl: 5000 });
+      fences.push(lock.fence);
+      await lock.release();
+    }
+    assert.ok(fences[1] > fences[0] && fences[2] > fences[1], String(fences));
+    const counter = await client.db('fences').collection('locco-locks-fences').findOne({ _id: 'f' });
+    assert.equal(counter.fence, fences[2]);
+  });
+
+  it('refuses names MongoDB would reject, before anything is sent', () => {
+    const url = 'mongodb://u:p@127.0.0.1:1/x';
+    for (const [field, options] of [
+      ['collectionName', { collectionName: '' }],
+      ['collectionName', { collectionName: 'a$b' }],
+      ['collectionName', { collectionName: 'a\0b' }],
+      ['collectionName', { collectionName: 'x'.repeat(200) }],
+      ['dbName', { dbName: '' }],
+      ['dbName', { dbName: 'my.db' }],
+      ['dbName', { dbName: 'x'.repeat(64) }],
+    ]) {
+      assert.throws(() => new MongoAdapter({ url, ...options }), (e) => e instanceof ValidationError && e.field === field, field);
+    }
+    assert.throws(() => new MongoAdapter({ url: 'http://x' }), ValidationError);
+    assert.throws(() => new MongoAdapter({ url, writeConcern: { w: 'some' } }), ValidationError);
+  });
+
+  it('an unreachable server is a BackendError within the connect timeout, without the password', async () => {
+    const port = await freePort();
+    const adapter = new MongoAdapter({ url: `mongodb://app:hunter2-pw@127.0.0.1:${port}/?directConnection=true`, connectTimeout: 1000 });
+    const started = performance.now();
+    // A lease longer than the connect timeout, so the attempt is not cut as late first.
+    const err = await new Locker({ adapter }).tryAcquire('k', { ttl: 10_000 }).catch((e) => e);
+    assert.equal(err.code, 'LOCK_BACKEND', String(err));
+    assert.equal(err.backend, 'mongo');
+    assert.ok(['timeout', 'io'].includes(err.kind), err.kind);
+    assert.ok(performance.now() - started < 4000);
+    assert.doesNotMatch(err.message, /hunter2-pw/);
+  });
+});
