@@ -22,6 +22,7 @@ import { runLockAdapterContract } from 'locco-rs/testing';
 import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
 import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
 import { MongoAdapter, mongoLocksIndexes, type MongoIndexSpec } from 'locco-rs/mongo';
+import { MutexManager, MutexDeadlockError, MutexTimeoutError, type MutexOperationContext } from 'locco-rs/mutex';
 
 const adapter: LockAdapter = new InMemoryAdapter({ now: () => performance.now() });
 const delay: DelayFn = exponentialBackoff({ base: 50, max: 1000, factor: 2, jitter: true });
@@ -110,4 +111,20 @@ export async function mongo(): Promise<string> {
   });
   const lock = await new Locker({ adapter, fencing: true }).acquire('k', { ttl: 1000 });
   return `${specs[0].name} ${lock.fence}`;
+}
+
+export async function mutex(): Promise<number | undefined> {
+  const m = new MutexManager({ adapter: new InMemoryAdapter(), namespace: 'app', lockTTL: 10_000 });
+  try {
+    return await m.runOperation('id', async (ctx: MutexOperationContext) => ctx.heldMutexIds.size, {
+      timeoutMs: 100,
+      context: m.createContext(),
+    });
+  } catch (e) {
+    if (e instanceof MutexDeadlockError) console.log(e.cycle);
+    if (e instanceof MutexTimeoutError) console.log(e.timeoutMs);
+    return undefined;
+  } finally {
+    await m.dispose();
+  }
 }

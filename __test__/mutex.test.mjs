@@ -1,0 +1,188 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import {
+  MutexManager,
+  MutexTimeoutError,
+  MutexAbortedError,
+  MutexDeadlockError,
+  DistributedLockError,
+} from 'locco-rs/mutex';
+import { ValidationError } from 'locco-rs';
+import { InMemoryAdapter } from 'locco-rs/memory';
+import { startRedis } from './support/servers.mjs';
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+describe('MutexManager in one process', () => {
+  it('serialises operations per id, in arrival order, and passes their context', async () => {
+    const m = new MutexManager();
+    const order = [];
+    let running = 0;
+    const op = (n) =>
+      m.runOperation('a', async ({ currentMutex, heldMutexIds, contextToken, abortSignal, requestTime, startTime }) => {
+        running++;
+        assert.equal(running, 1);
+        assert.equal(currentMutex.id, 'a');
+        assert.equal(currentMutex.isLocked, true);
+        assert.ok(heldMutexIds.has('a'));
+        assert.equal(typeof contextToken.id, 'string');
+        assert.equal(abortSignal.aborted, false);
+        assert.ok(startTime >= requestTime);
+        await sleep(5);
+        order.push(n);
+        running--;
+        return n;
+      });
+    const results = await Promise.all([op(1), op(2), op(3)]);
+    assert.deepEqual(order, [1, 2, 3]);
+    assert.deepEqual(results, [1, 2, 3]);
+  });
+
+  it('waitIfLocked: false skips the callback and resolves undefined', async () => {
+    const m = new MutexManager();
+    let ran = false;
+    const holder = m.runOperation('a', () => sleep(30));
+    const skipped = await m.runOperation('a', () => (ran = true), { waitIfLocked: false });
+    assert.equal(skipped, undefined);
+    assert.equal(ran, false);
+    await holder;
+  });
+
+  it('times out a queued operation and removes it; 0 is one immediate attempt', async () => {
+    const m = new MutexManager();
+    const holder = m.runOperation('a', () => sleep(100));
+    let ran = false;
+    await assert.rejects(m.runOperation('a', () => (ran = true), { timeoutMs: 20 }), (e) => e instanceof MutexTimeoutError && e.timeoutMs === 20);
+    await assert.rejects(m.runOperation('a', () => {}, { timeoutMs: 0 }), MutexTimeoutError);
+    await holder;
+    assert.equal(ran, false, 'the timed-out operation never ran');
+    assert.equal(await m.runOperation('a', () => 'free again'), 'free again');
+  });
+
+  it('aborts a queued operation through signal or onAbort, and the running one through its abortSignal', async () => {
+    const m = new MutexManager();
+    const holder = m.runOperation('a', () => sleep(50));
+    const ac = new AbortController();
+    const queued = m.runOperation('a', () => {}, { signal: ac.signal });
+    ac.abort(new Error('no longer needed'));
+    await assert.rejects(queued, (e) => e instanceof MutexAbortedError && e.reason.message === 'no longer needed');
+    let cancel;
+    const hooked = m.runOperation('a', () => {}, { onAbort: (abort) => (cancel = abort) });
+    cancel('bye');
+    await assert.rejects(hooked, (e) => e instanceof MutexAbortedError && e.reason === 'bye');
+    await holder;
+    const running = new AbortController();
+    const seen = m.runOperation('a', async ({ abortSignal }) => {
+      await sleep(20);
+      return abortSignal.aborted;
+    }, { signal: running.signal });
+    setTimeout(() => running.abort(), 5);
+    assert.equal(await seen, true);
+  });
+
+  it('propagates callback errors and frees the mutex', async () => {
+    const m = new MutexManager();
+    const boom = new Error('boom');
+    await assert.rejects(m.runOperation('a', () => { throw boom; }), (e) => e === boom);
+    assert.equal(await m.runOperation('a', () => 'next'), 'next');
+  });
+
+  it('is re-entrant within one async call chain, and by explicit context', async () => {
+    const m = new MutexManager();
+    const inner = await m.runOperation('a', async ({ contextToken }) => {
+      assert.equal(m.getCurrentContext(), contextToken);
+      const nested = await m.runOperation('a', async () => 'nested ran');
+      const viaTimer = await new Promise((resolve) =>
+        setTimeout(() => resolve(m.runOperation('a', () => 'timer ran', { context: contextToken })), 0),
+      );
+      return [nested, viaTimer];
+    });
+    assert.deepEqual(inner, ['nested ran', 'timer ran']);
+    assert.equal(m.isAsyncContextTrackingSupported(), true);
+    assert.ok(m.createContext().id);
+  });
+
+  it('reports a deadlock at once, with the cycle, whatever the timeout', async () => {
+    const m = new MutexManager();
+    let release;
+    const gate = new Promise((r) => (release = r));
+    const first = m.runOperation('alpha', async () => {
+      await gate;
+      return m.runOperation('beta', () => 'first got beta');
+    });
+    const second = m.runOperation('beta', async () => {
+      await sleep(10);
+      release();
+      await sleep(10);
+      return m.runOperation('alpha', () => 'second got alpha');
+    });
+    const results = await Promise.allSettled([first, second]);
+    const failed = results.filter((r) => r.status === 'rejected');
+    assert.equal(failed.length, 1);
+    assert.ok(failed[0].reason instanceof MutexDeadlockError);
+    assert.equal(failed[0].reason.cycle.length, 3);
+    assert.equal(failed[0].reason.cycle[0], failed[0].reason.cycle[2]);
+    assert.deepEqual([...failed[0].reason.cycle].sort(), ['alpha', 'beta', failed[0].reason.requestedId].sort());
+  });
+
+  it('checks its options', () => {
+    assert.throws(() => new MutexManager({ adapter: new InMemoryAdapter(), lockTTL: 0 }), ValidationError);
+    assert.throws(() => new MutexManager({ adapter: new InMemoryAdapter(), lockTTL: 1000, lockExtendInterval: 1000 }), ValidationError);
+    assert.throws(() => new MutexManager({ coordinationFailureMode: 'maybe' }), ValidationError);
+  });
+});
+
+describe('MutexManager across managers', () => {
+  let redis;
+  before(async () => {
+    redis = await startRedis();
+  });
+  after(() => redis.dispose());
+
+  for (const [name, make] of [
+    ['a shared InMemoryAdapter', () => {
+      const adapter = new InMemoryAdapter();
+      return () => new MutexManager({ adapter, namespace: 'ns', lockTTL: 2000 });
+    }],
+    ['Redis (redis: { url } shorthand)', () => () => new MutexManager({ redis: { url: redis.url }, namespace: 'ns', lockTTL: 2000 })],
+  ]) {
+    describe(name, () => {
+      it('serialises across managers and honours waitIfLocked: false', async () => {
+        const factory = make();
+        const [m1, m2] = [factory(), factory()];
+        let running = 0;
+        let overlap = false;
+        const op = async ({ assertLock }) => {
+          assertLock();
+          running++;
+          if (running > 1) overlap = true;
+          await sleep(20);
+          running--;
+        };
+        await Promise.all([m1.runOperation('x', op), m2.runOperation('x', op), m1.runOperation('x', op)]);
+        assert.equal(overlap, false);
+        const holder = m1.runOperation('y', () => sleep(50));
+        await sleep(10);
+        assert.equal(await m2.runOperation('y', () => 'ran', { waitIfLocked: false }), undefined);
+        await assert.rejects(m2.runOperation('y', () => {}, { timeoutMs: 20 }), MutexTimeoutError);
+        await holder;
+        await m1.dispose();
+        await m2.dispose();
+      });
+
+      it('strict mode refuses a nested distributed wait; best-effort proceeds', async () => {
+        const factory = make();
+        const [m1, m2] = [factory(), factory()];
+        const holder = m2.runOperation('b', () => sleep(80));
+        await sleep(10);
+        await assert.rejects(
+          m1.runOperation('a', () => m1.runOperation('b', () => {})),
+          DistributedLockError,
+        );
+        await holder;
+        await m1.dispose();
+        await m2.dispose();
+      });
+    });
+  }
+});
