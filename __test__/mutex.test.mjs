@@ -10,6 +10,7 @@ import {
 import { ValidationError } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { startRedis } from './support/servers.mjs';
+import { MapAdapter } from './support/map-adapter.mjs';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -132,6 +133,20 @@ describe('MutexManager in one process', () => {
   });
 });
 
+describe('MutexManager over an adapter without coordination records', () => {
+  it('strict mode refuses a nested distributed wait; best-effort proceeds', async () => {
+    const adapter = new MapAdapter();
+    const strict = new MutexManager({ adapter, lockTTL: 2000 });
+    const other = new MutexManager({ adapter, lockTTL: 2000 });
+    const lenient = new MutexManager({ adapter, lockTTL: 2000, coordinationFailureMode: 'best-effort' });
+    const holder = other.runOperation('b', () => sleep(60));
+    await sleep(10);
+    await assert.rejects(strict.runOperation('a', () => strict.runOperation('b', () => {})), DistributedLockError);
+    assert.equal(await lenient.runOperation('c', () => lenient.runOperation('b', () => 'waited')), 'waited');
+    await holder;
+  });
+});
+
 describe('MutexManager across managers', () => {
   let redis;
   before(async () => {
@@ -170,16 +185,33 @@ describe('MutexManager across managers', () => {
         await m2.dispose();
       });
 
-      it('strict mode refuses a nested distributed wait; best-effort proceeds', async () => {
+      it('a nested wait across managers proceeds, and a deadlock between them is reported with its cycle', async () => {
         const factory = make();
         const [m1, m2] = [factory(), factory()];
-        const holder = m2.runOperation('b', () => sleep(80));
+        const holder = m2.runOperation('b', () => sleep(60));
         await sleep(10);
-        await assert.rejects(
-          m1.runOperation('a', () => m1.runOperation('b', () => {})),
-          DistributedLockError,
-        );
+        assert.equal(await m1.runOperation('a', () => m1.runOperation('b', () => 'nested')), 'nested');
         await holder;
+        let go;
+        const both = new Promise((r) => (go = r));
+        const started = performance.now();
+        const results = await Promise.allSettled([
+          m1.runOperation('alpha', async () => {
+            await both;
+            return m1.runOperation('beta', () => 'm1 got beta');
+          }),
+          m2.runOperation('beta', async () => {
+            go();
+            await sleep(5);
+            return m2.runOperation('alpha', () => 'm2 got alpha');
+          }),
+        ]);
+        const failed = results.filter((r) => r.status === 'rejected').map((r) => r.reason);
+        assert.equal(failed.length, 1, String(failed));
+        assert.ok(failed[0] instanceof MutexDeadlockError, String(failed[0]));
+        assert.equal(failed[0].cycle[0], failed[0].cycle.at(-1));
+        assert.deepEqual(new Set(failed[0].cycle), new Set(['alpha', 'beta']));
+        assert.ok(performance.now() - started < 1000, 'reported within a second');
         await m1.dispose();
         await m2.dispose();
       });

@@ -4,9 +4,15 @@
 // adapter when one is given.
 
 const { AsyncLocalStorage } = require('node:async_hooks');
-const { randomUUID } = require('node:crypto');
+const { randomBytes, randomUUID } = require('node:crypto');
 const { LoccoError, validation } = require('./errors.js');
 const { Locker } = require('./locker.js');
+const { NATIVE_ID } = require('./adapters.js');
+const { native, answer, nextOpId } = require('./native.js');
+
+const [PEEK, PUT, GET, DELETE] = [0, 1, 2, 3];
+const EDGE_PREFIX = 'locco-meta:wait:';
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 class MutexTimeoutError extends LoccoError {
   constructor(id, timeoutMs) {
@@ -61,7 +67,16 @@ class MutexRunContext {
     this.held = new Map();
     /** @type {string | undefined} */
     this.waitingFor = undefined;
+    /** Tokens of the distributed locks the chain holds, by mutex id: its ownership generation. */
+    /** @type {Map<string, string>} */
+    this.tokens = new Map();
   }
+}
+
+/** The chain a distributed lock token belongs to: tokens are `<chain id>.<random>`. */
+function chainOf(token) {
+  const dot = token.lastIndexOf('.');
+  return dot === -1 ? undefined : token.slice(0, dot);
 }
 
 function checkOptions(options) {
@@ -104,7 +119,19 @@ class MutexManager {
       adapter = new RedisAdapter(urls ? { urls: [].concat(urls), cluster: [].concat(urls).length > 1 } : { url });
       this._owned = adapter;
     }
-    this._locker = adapter ? new Locker({ adapter, retry: { retries: Infinity, delay: 25 } }) : undefined;
+    // A lock's token names the chain that took it, so the owner of a key can be read from the
+    // key itself and uncontended acquisitions publish nothing extra. `_tokenChain` is set right
+    // before each acquisition, whose token is made synchronously when it starts.
+    this._tokenChain = 'none';
+    this._locker = adapter
+      ? new Locker({
+          adapter,
+          retry: { retries: Infinity, delay: 25 },
+          token: () => `${this._tokenChain}.${randomBytes(12).toString('hex')}`,
+        })
+      : undefined;
+    const adapterId = adapter && adapter[NATIVE_ID];
+    this._coordination = adapterId !== undefined && native.supportsCoordination(adapterId) ? adapterId : undefined;
   }
 
   /** A detached context token, for propagating ownership by hand. */
@@ -189,6 +216,7 @@ class MutexManager {
       if (this._locker) {
         lock = await this._distributed(id, context, { waitIfLocked, timeoutMs, signal, requestTime });
         if (lock === null) return undefined;
+        context.tokens.set(id, lock.token);
       }
       const onOuterAbort = () => abort.abort(signal.reason);
       signal?.addEventListener('abort', onOuterAbort, { once: true });
@@ -199,6 +227,7 @@ class MutexManager {
       }
     } finally {
       context.held.delete(id);
+      context.tokens.delete(id);
       if (lock) await lock[Symbol.asyncDispose]().catch(() => {});
       this._release(id, mutex);
     }
@@ -256,10 +285,15 @@ class MutexManager {
         ? { interval: Math.min(o.lockExtendInterval, Math.floor(ttl / 2)), maxHold: 2 ** 31 - 1 }
         : undefined;
     try {
+      this._tokenChain = context.id;
       const first = await this._locker.tryAcquire(key, { ttl, autoExtend });
       if (first || !waitIfLocked) return first;
       if (timeoutMs !== undefined && timeoutMs <= 0) throw new MutexTimeoutError(id, timeoutMs);
-      if (context.held.size > 1 && o.coordinationFailureMode === 'strict') {
+      const nested = context.held.size > 1;
+      if (nested && this._coordination !== undefined) {
+        return await this._coordinatedWait(id, key, context, { ttl, autoExtend, timeoutMs, signal, requestTime });
+      }
+      if (nested && o.coordinationFailureMode === 'strict') {
         // Wait-for edges across processes are not published yet, so a chain that holds a
         // mutex and waits for another could deadlock unseen: strict mode refuses that wait.
         throw new DistributedLockError(
@@ -268,6 +302,7 @@ class MutexManager {
         );
       }
       const left = timeoutMs === undefined ? undefined : Math.max(0, timeoutMs - (Date.now() - requestTime));
+      this._tokenChain = context.id;
       return await this._locker.acquire(key, { ttl, autoExtend, signal, retry: { timeout: left } });
     } catch (error) {
       if (error instanceof LoccoError && error.code.startsWith('MUTEX_')) throw error;
@@ -275,6 +310,106 @@ class MutexManager {
       if (signal?.aborted && error === signal.reason) throw new MutexAbortedError(id, signal.reason);
       throw new DistributedLockError(`could not take the distributed lock of mutex ${JSON.stringify(id)}`, error);
     }
+  }
+
+  /** One coordination verb against the adapter's backend. */
+  _coord(verb, key, value = '', ttl = 1) {
+    const opId = nextOpId();
+    return Promise.resolve().then(() => answer(native.coordinate(this._coordination, verb, key, value, ttl, opId), opId));
+  }
+
+  /**
+   * A nested wait across processes: publishes this chain's wait-for edge (what it waits for and
+   * the tokens it holds, its ownership generation), then polls, looking for a cycle through the
+   * other chains' edges each time the key is still taken.
+   */
+  async _coordinatedWait(id, key, context, { ttl, autoExtend, timeoutMs, signal, requestTime }) {
+    const strict = this._options.coordinationFailureMode === 'strict';
+    const coordinationFailed = (error) => {
+      if (strict) {
+        throw new DistributedLockError(`mutex ${JSON.stringify(id)}: wait-for metadata could not be written or read`, error);
+      }
+    };
+    const edgeKey = EDGE_PREFIX + context.id;
+    const edge = JSON.stringify({ id, key, holds: [...context.tokens.values()] });
+    let published = true;
+    await this._bounded(this._coord(PUT, edgeKey, edge, ttl), id, timeoutMs, requestTime, signal).catch((error) => {
+      published = false;
+      if (error instanceof MutexTimeoutError || error instanceof MutexAbortedError) throw error;
+      coordinationFailed(error);
+    });
+    try {
+      for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
+        const cycle = await this._bounded(this._findCycle(context, id, key), id, timeoutMs, requestTime, signal).catch(
+          (error) => {
+            if (error instanceof MutexTimeoutError || error instanceof MutexAbortedError) throw error;
+            return coordinationFailed(error);
+          },
+        );
+        // Every chain in the cycle sees it; one of them gives way, the same one for all: the
+        // chain with the highest id. The others keep waiting for the lock it then releases.
+        if (cycle && cycle.chains.every((c) => c <= context.id)) throw new MutexDeadlockError(id, cycle.ids);
+        await this._bounded(sleep(pause), id, timeoutMs, requestTime, signal);
+        this._tokenChain = context.id;
+        const lock = await this._locker.tryAcquire(key, { ttl, autoExtend });
+        if (lock) return lock;
+      }
+    } finally {
+      if (published) await this._coord(DELETE, edgeKey).catch(() => {});
+    }
+  }
+
+  /** `promise`, unless the caller's timeout or signal comes first; that I/O is bounded too. */
+  _bounded(promise, id, timeoutMs, requestTime, signal) {
+    if (timeoutMs === undefined && signal === undefined) return promise;
+    return new Promise((resolve, reject) => {
+      let timer;
+      const onAbort = () => done(reject, new MutexAbortedError(id, signal.reason));
+      const done = (settle, value) => {
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+        settle(value);
+      };
+      if (signal?.aborted) return onAbort();
+      signal?.addEventListener('abort', onAbort, { once: true });
+      if (timeoutMs !== undefined) {
+        const left = timeoutMs - (Date.now() - requestTime);
+        timer = setTimeout(() => done(reject, new MutexTimeoutError(id, timeoutMs)), Math.max(0, left));
+      }
+      promise.then(
+        (v) => done(resolve, v),
+        (e) => done(reject, e),
+      );
+    });
+  }
+
+  /**
+   * The cycle that this chain's wait for `key` closes, as mutex ids and the chains in it: owner
+   * of the key, that owner's current wait edge, the owner of what it waits for, and so on back
+   * to this chain. An edge whose recorded tokens do not include the owner's token is stale and
+   * ends the walk.
+   */
+  async _findCycle(context, id, key) {
+    const path = [id];
+    const seen = new Set();
+    for (let k = key, hops = 0; hops < 64; hops++) {
+      const token = await this._coord(PEEK, k);
+      const chain = token && chainOf(token);
+      if (!chain) return undefined;
+      if (chain === context.id) {
+        const ours = [...context.tokens.values()].includes(token);
+        return ours ? { ids: [...path, id], chains: [...seen, context.id] } : undefined;
+      }
+      if (seen.has(chain)) return undefined;
+      seen.add(chain);
+      const raw = await this._coord(GET, EDGE_PREFIX + chain);
+      if (!raw) return undefined;
+      const edge = JSON.parse(raw);
+      if (!edge.holds.includes(token)) return undefined;
+      path.push(edge.id);
+      k = edge.key;
+    }
+    return undefined;
   }
 
   async _invoke(id, operation, context, requestTime, abort, lock) {

@@ -354,6 +354,38 @@ pub fn adapter_call(
     }
 }
 
+/// Whether an adapter keeps coordination records (wait-for edges between processes).
+#[napi(catch_unwind)]
+pub fn supports_coordination(adapter_id: u32) -> bool {
+    adapter(adapter_id).is_ok_and(|b| b.coordination().is_some())
+}
+
+/// A coordination verb: 0 peek (the token under a live lock key), 1 put, 2 get, 3 delete.
+/// Answers a string or null (peek, get), or undefined.
+#[napi(catch_unwind)]
+pub fn coordinate(adapter_id: u32, verb: u32, key: String, value: String, ttl: f64, op_id: f64) -> Raw {
+    let backend = match adapter(adapter_id) {
+        Ok(b) => b,
+        Err(e) => return ops::fail(e),
+    };
+    let Some(c) = backend.coordination() else {
+        return ops::fail(Error::validation("adapter", "keeps no coordination records"));
+    };
+    let text = |op: locco_core::Op<Option<String>>| async move {
+        op.await.map(|v| v.map_or(Answer::Null, Answer::Text))
+    };
+    let unit = |op: locco_core::Op<()>| async move { op.await.map(|()| Answer::Undefined) };
+    match verb {
+        0 => ops::run(op_id, text(c.peek(&key))),
+        1 => match validate_ttl("ttl", ttl) {
+            Ok(()) => ops::run(op_id, unit(c.put(&key, &value, ttl as u32))),
+            Err(e) => ops::fail(e),
+        },
+        2 => ops::run(op_id, text(c.get(&key))),
+        _ => ops::run(op_id, unit(c.delete(&key))),
+    }
+}
+
 /// A native exponential backoff; answers a delay id.
 #[napi(catch_unwind)]
 pub fn create_backoff(base: f64, max: f64, factor: f64, jitter: bool) -> Raw {

@@ -87,6 +87,11 @@ pub trait Backend {
             ),
         )))
     }
+    /// Coordination records beside the locks (wait-for edges between processes), when the
+    /// backend keeps them. `None` when it does not.
+    fn coordination(&self) -> Option<&dyn Coordination> {
+        None
+    }
     /// A place in the queue of callers waiting for `key`, woken when it is released, so a
     /// waiter does not depend on its next poll. `None` when the backend cannot tell.
     fn waiter(&self, _key: &str) -> Option<Box<dyn Waiter>> {
@@ -98,4 +103,17 @@ pub trait Backend {
 pub trait Waiter {
     /// Resolves when the key was released since the last call (or since the waiter was made).
     fn released(&mut self) -> Pin<Box<dyn Future<Output = ()> + '_>>;
+}
+
+/// Small records with a lifetime, kept beside the locks so that processes can see each other's
+/// waits (for deadlock detection across processes).
+pub trait Coordination {
+    /// The token stored under a live lock `key`, if any.
+    fn peek(&self, key: &str) -> Op<Option<String>>;
+    /// Stores `value` under `key` for `ttl` ms.
+    fn put(&self, key: &str, value: &str, ttl: u32) -> Op<()>;
+    /// The live value under `key`, if any.
+    fn get(&self, key: &str) -> Op<Option<String>>;
+    /// Removes `key`.
+    fn delete(&self, key: &str) -> Op<()>;
 }

@@ -30,7 +30,7 @@ mod scheduler;
 mod timer;
 mod waiters;
 
-pub use backend::{Backend, Op, Waiter};
+pub use backend::{Backend, Coordination, Op, Waiter};
 pub use clock::{monotonic_ms, Clock, LeaseClock, MonotonicClock, SystemSource, TimeSource};
 pub use error::{BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result};
 pub use events::{Event, EventSink, LossListener};

@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::backend::{Backend, Op, Waiter};
+use crate::backend::{Backend, Coordination, Op, Waiter};
 use crate::clock::{Clock, MonotonicClock};
 use crate::waiters::LocalWaiters;
 
@@ -20,6 +20,8 @@ pub struct MemoryBackend {
     entries: RefCell<HashMap<String, Entry>>,
     fences: RefCell<HashMap<String, u64>>,
     waiters: LocalWaiters,
+    /// Coordination records: value and expiry.
+    records: RefCell<HashMap<String, (String, f64)>>,
 }
 
 impl Default for MemoryBackend {
@@ -36,6 +38,7 @@ impl MemoryBackend {
             entries: RefCell::default(),
             fences: RefCell::default(),
             waiters: LocalWaiters::default(),
+            records: RefCell::default(),
         }
     }
 
@@ -133,5 +136,37 @@ impl Backend for MemoryBackend {
 
     fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
         Some(self.waiters.waiter(key))
+    }
+
+    fn coordination(&self) -> Option<&dyn Coordination> {
+        Some(self)
+    }
+}
+
+impl Coordination for MemoryBackend {
+    fn peek(&self, key: &str) -> Op<Option<String>> {
+        let now = self.clock.now();
+        let entries = self.entries.borrow();
+        let live = entries.get(key).filter(|e| e.expires_at > now);
+        Op::ready(Ok(live.map(|e| e.token.clone())))
+    }
+
+    fn put(&self, key: &str, value: &str, ttl: u32) -> Op<()> {
+        let expires_at = self.clock.now() + ttl as f64;
+        let mut records = self.records.borrow_mut();
+        records.insert(key.to_owned(), (value.to_owned(), expires_at));
+        Op::ready(Ok(()))
+    }
+
+    fn get(&self, key: &str) -> Op<Option<String>> {
+        let now = self.clock.now();
+        let records = self.records.borrow();
+        let live = records.get(key).filter(|(_, at)| *at > now);
+        Op::ready(Ok(live.map(|(v, _)| v.clone())))
+    }
+
+    fn delete(&self, key: &str) -> Op<()> {
+        self.records.borrow_mut().remove(key);
+        Op::ready(Ok(()))
     }
 }

@@ -482,9 +482,46 @@ fn set_nx(key: &str, token: &str, ttl: u32) -> redis::Cmd {
     cmd
 }
 
+impl crate::backend::Coordination for RedisBackend {
+    fn peek(&self, key: &str) -> Op<Option<String>> {
+        self.get(key)
+    }
+
+    fn put(&self, key: &str, value: &str, ttl: u32) -> Op<()> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(value).arg("PX").arg(ttl);
+        self.run(move |inner| async move {
+            let mut conn = inner.conn().await?;
+            conn.query::<()>(&cmd).await.map_err(|e| inner.failure(e))
+        })
+    }
+
+    fn get(&self, key: &str) -> Op<Option<String>> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(key);
+        self.run(move |inner| async move {
+            let mut conn = inner.conn().await?;
+            conn.query::<Option<String>>(&cmd).await.map_err(|e| inner.failure(e))
+        })
+    }
+
+    fn delete(&self, key: &str) -> Op<()> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(key);
+        self.run(move |inner| async move {
+            let mut conn = inner.conn().await?;
+            conn.query::<()>(&cmd).await.map_err(|e| inner.failure(e))
+        })
+    }
+}
+
 impl Backend for RedisBackend {
     fn name(&self) -> &str {
         "redis"
+    }
+
+    fn coordination(&self) -> Option<&dyn crate::backend::Coordination> {
+        Some(self)
     }
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {

@@ -162,4 +162,7 @@ impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
     fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
         Some(self.waiters.waiter(key))
     }
+    fn coordination(&self) -> Option<&dyn crate::Coordination> {
+        self.inner.coordination()
+    }
 }
