@@ -6,6 +6,7 @@ import {
   MutexAbortedError,
   MutexDeadlockError,
   DistributedLockError,
+  LockExtensionError,
 } from 'locco-rs/mutex';
 import { ValidationError } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
@@ -130,6 +131,48 @@ describe('MutexManager in one process', () => {
     assert.throws(() => new MutexManager({ adapter: new InMemoryAdapter(), lockTTL: 0 }), ValidationError);
     assert.throws(() => new MutexManager({ adapter: new InMemoryAdapter(), lockTTL: 1000, lockExtendInterval: 1000 }), ValidationError);
     assert.throws(() => new MutexManager({ coordinationFailureMode: 'maybe' }), ValidationError);
+  });
+});
+
+describe('MutexManager leases', () => {
+  it('a lost lease aborts the callback and makes assertLock throw LockExtensionError', async () => {
+    const adapter = new InMemoryAdapter();
+    const m = new MutexManager({ adapter, lockTTL: 150, lockExtendInterval: 0 });
+    const seen = await m.runOperation('lease', async ({ abortSignal, assertLock }) => {
+      assertLock();
+      await sleep(400);
+      let thrown;
+      try {
+        assertLock();
+      } catch (e) {
+        thrown = e;
+      }
+      return { aborted: abortSignal.aborted, thrown };
+    });
+    assert.equal(seen.aborted, true);
+    assert.ok(seen.thrown instanceof LockExtensionError, String(seen.thrown));
+    assert.equal(seen.thrown.code, 'MUTEX_LOCK_EXTENSION');
+  });
+
+  it('renews the lease while the work runs', async () => {
+    const m = new MutexManager({ adapter: new InMemoryAdapter(), lockTTL: 150, lockExtendInterval: 50 });
+    const ok = await m.runOperation('renewed', async ({ assertLock }) => {
+      await sleep(400);
+      assertLock();
+      return true;
+    });
+    assert.equal(ok, true);
+  });
+
+  it('dispose() closes only what the manager owns', async () => {
+    let closed = false;
+    const adapter = new InMemoryAdapter();
+    adapter.close = async () => {
+      closed = true;
+    };
+    const m = new MutexManager({ adapter });
+    await m.dispose();
+    assert.equal(closed, false, "a caller's adapter stays open");
   });
 });
 
