@@ -115,6 +115,58 @@ describe('MutexManager across processes and threads', () => {
     await other.dispose();
   });
 
+  it('strict mode fails a nested wait whose wait-for edge cannot be written; best-effort waits on', async () => {
+    // This user may use the lock keys but not the wait-for metadata, so only the edge write fails.
+    redis.cli('ACL', 'SETUSER', 'locks-only', 'on', '>locks-pw', '~uniquemutex*', '+@all');
+    const url = redis.url.replace('redis://', 'redis://locks-only:locks-pw@');
+    const { DistributedLockError } = await import('locco-rs/mutex');
+    const opts = { redis: { url }, namespace: 'meta-denied', lockTTL: 2000 };
+    const [m1, m2] = [new MutexManager(opts), new MutexManager(opts)];
+    const lenient = new MutexManager({ ...opts, coordinationFailureMode: 'best-effort' });
+    let release;
+    const gate = new Promise((r) => (release = r));
+    const holder = m2.runOperation('b', () => gate);
+    await sleep(20);
+    const strict = m1.runOperation('a', () => m1.runOperation('b', () => 'unexpected'));
+    await assert.rejects(strict, (e) => e instanceof DistributedLockError && /wait-for metadata/.test(e.message));
+    const waited = lenient.runOperation('c', () => lenient.runOperation('b', () => 'after b', { timeoutMs: 5000 }));
+    await sleep(100);
+    release();
+    await holder;
+    assert.equal(await waited, 'after b');
+    await Promise.all([m1.dispose(), m2.dispose(), lenient.dispose()]);
+  });
+
+  it("a nested wait's coordination I/O is bounded by its timeout", async () => {
+    const { MutexTimeoutError } = await import('locco-rs/mutex');
+    const opts = { redis: { url: redis.url }, namespace: 'meta-hang', lockTTL: 2000 };
+    const [m1, m2] = [new MutexManager(opts), new MutexManager(opts)];
+    let release;
+    const holder = m2.runOperation('b', () => new Promise((r) => (release = r)));
+    await sleep(20);
+    const started = Date.now();
+    const waiting = m1.runOperation('a', async () => {
+      try {
+        return await m1.runOperation('b', () => 'unexpected', { timeoutMs: 600 });
+      } catch (error) {
+        return { error, after: Date.now() - started };
+      }
+    });
+    await sleep(200); // the wait polls, publishing and reading edges
+    redis.pause();
+    let outcome;
+    try {
+      outcome = await waiting;
+    } finally {
+      redis.resume();
+    }
+    assert.ok(outcome.error instanceof MutexTimeoutError, String(outcome.error));
+    assert.ok(outcome.after < 1500, `the wait ended ${outcome.after} ms in, with the server stopped`);
+    release();
+    await holder;
+    await Promise.all([m1.dispose(), m2.dispose()]);
+  });
+
   it('event-driven dependencies between ids do not read as deadlocks', async () => {
     const manager = new MutexManager({ redis: { url: redis.url }, namespace: 'events', lockTTL: 2000 });
     const { EventEmitter } = await import('node:events');

@@ -286,7 +286,11 @@ class MutexManager {
         : undefined;
     try {
       this._tokenChain = context.id;
-      const first = await this._locker.tryAcquire(key, { ttl, autoExtend });
+      const attempt = this._locker.tryAcquire(key, { ttl, autoExtend });
+      const first = await this._bounded(attempt, id, timeoutMs, requestTime, signal).catch((error) => {
+        attempt.then((late) => late?.release(), () => {});
+        throw error;
+      });
       if (first || !waitIfLocked) return first;
       if (timeoutMs !== undefined && timeoutMs <= 0) throw new MutexTimeoutError(id, timeoutMs);
       const nested = context.held.size > 1;
@@ -306,7 +310,8 @@ class MutexManager {
       return await this._locker.acquire(key, { ttl, autoExtend, signal, retry: { timeout: left } });
     } catch (error) {
       if (error instanceof LoccoError && error.code.startsWith('MUTEX_')) throw error;
-      if (error && error.code === 'LOCK_HELD') throw new MutexTimeoutError(id, timeoutMs);
+      // Out of budget is a timeout; a grant that came too late is the backend's slowness.
+      if (error && error.code === 'LOCK_HELD' && error.reason !== 'late-acquire') throw new MutexTimeoutError(id, timeoutMs);
       if (signal?.aborted && error === signal.reason) throw new MutexAbortedError(id, signal.reason);
       throw new DistributedLockError(`could not take the distributed lock of mutex ${JSON.stringify(id)}`, error);
     }
@@ -351,11 +356,18 @@ class MutexManager {
         if (cycle && cycle.chains.every((c) => c <= context.id)) throw new MutexDeadlockError(id, cycle.ids);
         await this._bounded(sleep(pause), id, timeoutMs, requestTime, signal);
         this._tokenChain = context.id;
-        const lock = await this._locker.tryAcquire(key, { ttl, autoExtend });
+        const attempt = this._locker.tryAcquire(key, { ttl, autoExtend });
+        // A lock granted after the caller gave up is released, not leaked.
+        const lock = await this._bounded(attempt, id, timeoutMs, requestTime, signal).catch((error) => {
+          attempt.then((late) => late?.release(), () => {});
+          throw error;
+        });
         if (lock) return lock;
       }
     } finally {
-      if (published) await this._coord(DELETE, edgeKey).catch(() => {});
+      // Not awaited: the edge expires with the lease anyway, and a stopped server must not
+      // hold up the caller.
+      if (published) this._coord(DELETE, edgeKey).catch(() => {});
     }
   }
 
