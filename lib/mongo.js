@@ -33,7 +33,7 @@ class MongoAdapter extends NativeAdapter {
 
   /** Closes the client. Operations afterwards fail with a BackendError. */
   async close() {
-    native.mongoClose(this[NATIVE_ID]);
+    native.closeAdapter(this[NATIVE_ID]);
   }
 
   async [Symbol.asyncDispose]() {

@@ -39,7 +39,7 @@ class PostgresAdapter extends NativeAdapter {
 
   /** Closes the pool. Operations afterwards fail with a BackendError. */
   async close() {
-    native.postgresClose(this[NATIVE_ID]);
+    native.closeAdapter(this[NATIVE_ID]);
   }
 
   async [Symbol.asyncDispose]() {

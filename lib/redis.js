@@ -64,7 +64,7 @@ class RedisAdapter extends NativeAdapter {
 
   /** Closes the connections. Operations afterwards fail with a BackendError. */
   async close() {
-    native.redisClose(this[NATIVE_ID]);
+    native.closeAdapter(this[NATIVE_ID]);
   }
 
   async [Symbol.asyncDispose]() {

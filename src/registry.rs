@@ -187,14 +187,6 @@ pub fn redis_connect(adapter_id: u32, op_id: f64) -> Raw {
     })
 }
 
-/// Closes a Redis adapter's connections.
-#[napi(catch_unwind)]
-pub fn redis_close(adapter_id: u32) {
-    if let Some(backend) = redis_backend(adapter_id) {
-        backend.close();
-    }
-}
-
 /// A PostgreSQL adapter; checks its options now and connects on first use.
 #[napi(catch_unwind)]
 pub fn create_postgres_adapter(
@@ -244,14 +236,6 @@ pub fn postgres_sweep(adapter_id: u32, op_id: f64) -> Raw {
     ops::run(op_id, async move { Ok(Answer::Number(op.await? as f64)) })
 }
 
-/// Closes a Postgres adapter's pool.
-#[napi(catch_unwind)]
-pub fn postgres_close(adapter_id: u32) {
-    if let Some(backend) = postgres_backend(adapter_id) {
-        backend.close();
-    }
-}
-
 /// The migration statements for a lock table.
 #[napi(catch_unwind)]
 pub fn postgres_ddl(table_name: String) -> Raw {
@@ -290,16 +274,16 @@ pub fn create_mongo_adapter(
     })())
 }
 
-/// Closes a MongoDB adapter's client.
+/// Closes a network adapter's connections (Redis, PostgreSQL, MongoDB); operations
+/// afterwards fail. Other adapters have nothing to close.
 #[napi(catch_unwind)]
-pub fn mongo_close(adapter_id: u32) {
-    let backend = REG.with(|r| match r.borrow().adapters.get(&adapter_id) {
-        Some(Adapter::Mongo(b)) => Some(b.inner().clone()),
-        _ => None,
+pub fn close_adapter(adapter_id: u32) {
+    REG.with(|r| match r.borrow().adapters.get(&adapter_id) {
+        Some(Adapter::Redis(b)) => b.inner().close(),
+        Some(Adapter::Postgres(b)) => b.inner().close(),
+        Some(Adapter::Mongo(b)) => b.inner().close(),
+        _ => {}
     });
-    if let Some(b) = backend {
-        b.close();
-    }
 }
 
 /// The lock collection's index specs, as JSON.
@@ -363,13 +347,23 @@ pub fn supports_coordination(adapter_id: u32) -> bool {
 /// A coordination verb: 0 peek (the token under a live lock key), 1 put, 2 get, 3 delete.
 /// Answers a string or null (peek, get), or undefined.
 #[napi(catch_unwind)]
-pub fn coordinate(adapter_id: u32, verb: u32, key: String, value: String, ttl: f64, op_id: f64) -> Raw {
+pub fn coordinate(
+    adapter_id: u32,
+    verb: u32,
+    key: String,
+    value: String,
+    ttl: f64,
+    op_id: f64,
+) -> Raw {
     let backend = match adapter(adapter_id) {
         Ok(b) => b,
         Err(e) => return ops::fail(e),
     };
     let Some(c) = backend.coordination() else {
-        return ops::fail(Error::validation("adapter", "keeps no coordination records"));
+        return ops::fail(Error::validation(
+            "adapter",
+            "keeps no coordination records",
+        ));
     };
     let text = |op: locco_core::Op<Option<String>>| async move {
         op.await.map(|v| v.map_or(Answer::Null, Answer::Text))

@@ -501,7 +501,9 @@ impl crate::backend::Coordination for RedisBackend {
         cmd.arg(key);
         self.run(move |inner| async move {
             let mut conn = inner.conn().await?;
-            conn.query::<Option<String>>(&cmd).await.map_err(|e| inner.failure(e))
+            conn.query::<Option<String>>(&cmd)
+                .await
+                .map_err(|e| inner.failure(e))
         })
     }
 
