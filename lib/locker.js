@@ -112,8 +112,13 @@ class Lock {
     this._callRetry = callRetry;
     this._controller = undefined;
     this._released = undefined;
-    Object.defineProperty(this, 'key', { value: key, enumerable: true });
+    this._key = key;
     forget.register(this, id);
+  }
+
+  /** The key, prefix included. */
+  get key() {
+    return this._key;
   }
 
   get token() {
