@@ -7,7 +7,7 @@
 //! threadsafe function, which keeps nothing alive.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
 
-use locco_core::LocalFuture;
+use locco_core::{IdMap, LocalFuture};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 
 type WakeFn = ThreadsafeFunction<(), (), (), napi::Status, false, true>;
@@ -57,7 +57,7 @@ impl Wake for TaskWaker {
 }
 
 pub struct Executor {
-    tasks: RefCell<HashMap<u64, LocalFuture<()>>>,
+    tasks: RefCell<IdMap<u64, LocalFuture<()>>>,
     ready: RefCell<VecDeque<u64>>,
     next_id: Cell<u64>,
     draining: Cell<bool>,

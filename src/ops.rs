@@ -3,8 +3,8 @@
 //! when it failed at once. No promise is made on the Rust side: the facade makes one only
 //! when it must wait.
 
+use locco_core::IdMap;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::future::Future;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
@@ -136,7 +136,7 @@ struct Slot {
 }
 
 thread_local! {
-    static WAITING: RefCell<HashMap<u64, Rc<RefCell<Slot>>>> = RefCell::default();
+    static WAITING: RefCell<IdMap<u64, Rc<RefCell<Slot>>>> = RefCell::default();
     static NEXT_OP: Cell<u64> = const { Cell::new(1) };
 }
 

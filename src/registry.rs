@@ -1,8 +1,8 @@
 //! The native objects JavaScript refers to by number: adapters, lockers, locks, abort
 //! handles and delay functions, with the exports that act on them.
 
+use locco_core::IdMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 
 use locco_core::mongo::{locks_indexes_json, MongoBackend, MongoOptions};
@@ -43,11 +43,11 @@ impl Adapter {
 #[derive(Default)]
 struct Registry {
     next: u32,
-    adapters: HashMap<u32, Adapter>,
-    lockers: HashMap<u32, Locker>,
-    locks: HashMap<u64, Lock>,
-    aborts: HashMap<u32, Abort>,
-    delays: HashMap<u32, Delay>,
+    adapters: IdMap<u32, Adapter>,
+    lockers: IdMap<u32, Locker>,
+    locks: IdMap<u64, Lock>,
+    aborts: IdMap<u32, Abort>,
+    delays: IdMap<u32, Delay>,
 }
 
 thread_local! {
@@ -159,7 +159,13 @@ pub fn create_redis_adapter(
                 timeout_ms: at_least_one("waitForReplicas.timeout", replicas_timeout)?.unwrap_or(0),
             });
         }
-        let backend = RedisBackend::new(options)?;
+        #[cfg_attr(not(unix), allow(unused_mut))]
+        let mut backend = RedisBackend::new(options)?;
+        #[cfg(unix)]
+        let event_loop = crate::uv_loop::UvLoop::current()
+            .map_err(|e| Error::Internal(format!("the Redis adapter: {e}")))?;
+        #[cfg(unix)]
+        backend.on_event_loop(Rc::new(event_loop));
         Ok(register(Adapter::Redis(Rc::new(LocalWakeups::new(
             backend,
         )))))

@@ -173,6 +173,15 @@ where
     })
 }
 
+/// Sleeps on the I/O thread's timer; for a bound on something that runs elsewhere.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn sleep(d: std::time::Duration) -> Op<()> {
+    run("timer", move |_| async move {
+        tokio::time::sleep(d).await;
+        Ok(())
+    })
+}
+
 /// Removes every secret from a message.
 pub(crate) fn redact(secrets: &[String], mut message: String) -> String {
     for s in secrets.iter().filter(|s| !s.is_empty()) {

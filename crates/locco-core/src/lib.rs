@@ -11,7 +11,9 @@
 mod backend;
 mod clock;
 mod error;
+mod event_loop;
 mod events;
+mod ids;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mongo"))]
 mod io;
 mod lock;
@@ -24,6 +26,8 @@ mod options;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(all(feature = "redis", unix))]
+mod redis_loop;
 mod retry;
 mod runtime;
 mod scheduler;
@@ -33,7 +37,9 @@ mod waiters;
 pub use backend::{Backend, Coordination, Op, Waiter};
 pub use clock::{monotonic_ms, Clock, LeaseClock, MonotonicClock, SystemSource, TimeSource};
 pub use error::{BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result};
+pub use event_loop::{EventLoop, SocketWatch};
 pub use events::{Event, EventSink, LossListener};
+pub use ids::{IdHasher, IdMap};
 pub use lock::{lease_end, Lock, LockState, CLOCK_DRIFT_FACTOR};
 pub use locker::Locker;
 pub use memory::MemoryBackend;

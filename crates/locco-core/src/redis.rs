@@ -118,6 +118,8 @@ impl RedisOptions {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// A connection on the engine's thread (see `redis_loop`).
+    Local(MultiplexedConnection),
 }
 
 impl Conn {
@@ -137,6 +139,7 @@ impl Conn {
         match self {
             Conn::Single(c) => inv.invoke_async(c).await,
             Conn::Cluster(c) => inv.invoke_async(c).await,
+            Conn::Local(c) => inv.invoke_async(c).await,
         }
     }
 
@@ -144,6 +147,7 @@ impl Conn {
         match self {
             Conn::Single(c) => cmd.query_async(c).await,
             Conn::Cluster(c) => cmd.query_async(c).await,
+            Conn::Local(c) => cmd.query_async(c).await,
         }
     }
 }
@@ -165,6 +169,9 @@ struct Inner {
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
+    /// The connection on the engine's thread, when the host's event loop drives it.
+    #[cfg(unix)]
+    link: Option<std::rc::Rc<crate::redis_loop::Link>>,
 }
 
 fn secrets_of(urls: &[String]) -> Vec<String> {
@@ -267,14 +274,35 @@ impl RedisBackend {
                 replicated: Mutex::default(),
                 warning: Mutex::default(),
             }),
+            #[cfg(unix)]
+            link: None,
         })
+    }
+
+    /// Does the I/O of a plain-TCP standalone server on the engine's thread, driven by
+    /// `host`. TLS, a Cluster and `waitForReplicas` stay on the I/O thread.
+    #[cfg(unix)]
+    pub fn on_event_loop(&mut self, host: std::rc::Rc<dyn crate::EventLoop>) {
+        let o = &self.inner.options;
+        let Some(client) = &self.inner.client else {
+            return;
+        };
+        if o.wait_for_replicas.is_some() {
+            return;
+        }
+        self.link = crate::redis_loop::Link::new(
+            host,
+            client.get_connection_info().clone(),
+            self.inner.secrets.clone(),
+            o.connect_timeout_ms,
+            o.command_timeout_ms,
+        );
     }
 
     /// Connects now rather than on first use. Answers a warning found at connect (an
     /// eviction policy that can drop lock keys), once.
     pub fn connect(&self) -> Op<Option<String>> {
-        self.run(|inner| async move {
-            inner.conn().await?;
+        self.with_conn(|inner, _| async move {
             Ok(inner.warning.lock().ok().and_then(|mut w| w.take()))
         })
     }
@@ -284,6 +312,10 @@ impl RedisBackend {
         use std::sync::atomic::Ordering;
         self.inner.closed.store(true, Ordering::Release);
         self.inner.replicated.lock().map(|mut r| r.clear()).ok();
+        #[cfg(unix)]
+        if let Some(link) = &self.link {
+            link.close();
+        }
         let inner = self.inner.clone();
         runtime().spawn(async move { inner.conn.lock().await.take() });
     }
@@ -295,48 +327,46 @@ impl RedisBackend {
         let inner = self.inner.clone();
         io::run("redis", move |_| work(inner))
     }
+
+    /// Runs `work` with the connection: on this thread when the event loop drives it,
+    /// otherwise on the I/O thread. A broken loop connection is dropped, and the next
+    /// operation connects again.
+    fn with_conn<T: Send + 'static, F>(
+        &self,
+        work: impl FnOnce(Arc<Inner>, Conn) -> F + Send + 'static,
+    ) -> Op<T>
+    where
+        F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        #[cfg(unix)]
+        if let Some(link) = self.link.clone() {
+            return Op::pending(async move {
+                inner.check_open().map_err(Failure::into_error)?;
+                let lent = link.lend().await?;
+                let mut conn = Conn::Local(lent.conn.clone());
+                if lent.first_use() {
+                    inner.check_eviction(&mut conn).await;
+                }
+                let answer = work(inner, conn).await;
+                if let Err(f) = &answer {
+                    if matches!(f.kind, BackendErrorKind::Io | BackendErrorKind::Timeout) {
+                        link.reset(&lent);
+                    }
+                }
+                answer.map_err(Failure::into_error)
+            });
+        }
+        io::run("redis", move |_| async move {
+            let conn = inner.conn().await?;
+            work(inner, conn).await
+        })
+    }
 }
 
 impl Inner {
     fn failure(&self, e: RedisError) -> Failure {
-        let kind = match e.kind() {
-            ErrorKind::AuthenticationFailed => BackendErrorKind::Auth,
-            ErrorKind::Server(ServerErrorKind::NoPerm) => BackendErrorKind::Auth,
-            ErrorKind::Io if e.is_timeout() => BackendErrorKind::Timeout,
-            ErrorKind::Io => {
-                let m = e.to_string().to_ascii_lowercase();
-                if [
-                    "tls",
-                    "certificate",
-                    "handshake",
-                    "invalidcontenttype",
-                    "corrupt",
-                ]
-                .iter()
-                .any(|w| m.contains(w))
-                {
-                    BackendErrorKind::Tls
-                } else {
-                    BackendErrorKind::Io
-                }
-            }
-            ErrorKind::Parse | ErrorKind::UnexpectedReturnType => BackendErrorKind::Protocol,
-            ErrorKind::InvalidClientConfig => BackendErrorKind::Config,
-            ErrorKind::Server(ServerErrorKind::ResponseError) => {
-                let m = e.to_string();
-                if m.contains("NOAUTH") || m.contains("WRONGPASS") {
-                    BackendErrorKind::Auth
-                } else {
-                    BackendErrorKind::Script
-                }
-            }
-            _ if e.is_timeout() => BackendErrorKind::Timeout,
-            _ => BackendErrorKind::Other,
-        };
-        Failure {
-            code: e.code().map(str::to_string),
-            ..Failure::new("redis", kind, redact(&self.secrets, e.to_string()))
-        }
+        failure_of(&self.secrets, e)
     }
 
     fn timeout_failure(&self, what: &str, ms: u64) -> Failure {
@@ -403,11 +433,16 @@ impl Inner {
         }
     }
 
-    async fn conn(self: &Arc<Self>) -> Result<Conn, Failure> {
+    fn check_open(&self) -> Result<(), Failure> {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             let closed = "the Redis adapter is closed";
             return Err(Failure::new("redis", BackendErrorKind::Config, closed));
         }
+        Ok(())
+    }
+
+    async fn conn(self: &Arc<Self>) -> Result<Conn, Failure> {
+        self.check_open()?;
         let mut slot = self.conn.lock().await;
         if let Some(c) = &*slot {
             return Ok(c.clone());
@@ -476,6 +511,48 @@ impl Inner {
     }
 }
 
+/// A driver failure as a `BackendError`, with every secret removed from the message.
+pub(crate) fn failure_of(secrets: &[String], e: RedisError) -> Failure {
+    let kind = match e.kind() {
+        ErrorKind::AuthenticationFailed => BackendErrorKind::Auth,
+        ErrorKind::Server(ServerErrorKind::NoPerm) => BackendErrorKind::Auth,
+        ErrorKind::Io if e.is_timeout() => BackendErrorKind::Timeout,
+        ErrorKind::Io => {
+            let m = e.to_string().to_ascii_lowercase();
+            if [
+                "tls",
+                "certificate",
+                "handshake",
+                "invalidcontenttype",
+                "corrupt",
+            ]
+            .iter()
+            .any(|w| m.contains(w))
+            {
+                BackendErrorKind::Tls
+            } else {
+                BackendErrorKind::Io
+            }
+        }
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => BackendErrorKind::Protocol,
+        ErrorKind::InvalidClientConfig => BackendErrorKind::Config,
+        ErrorKind::Server(ServerErrorKind::ResponseError) => {
+            let m = e.to_string();
+            if m.contains("NOAUTH") || m.contains("WRONGPASS") {
+                BackendErrorKind::Auth
+            } else {
+                BackendErrorKind::Script
+            }
+        }
+        _ if e.is_timeout() => BackendErrorKind::Timeout,
+        _ => BackendErrorKind::Other,
+    };
+    Failure {
+        code: e.code().map(str::to_string),
+        ..Failure::new("redis", kind, redact(secrets, e.to_string()))
+    }
+}
+
 fn set_nx(key: &str, token: &str, ttl: u32) -> redis::Cmd {
     let mut cmd = redis::cmd("SET");
     cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl);
@@ -490,8 +567,7 @@ impl crate::backend::Coordination for RedisBackend {
     fn put(&self, key: &str, value: &str, ttl: u32) -> Op<()> {
         let mut cmd = redis::cmd("SET");
         cmd.arg(key).arg(value).arg("PX").arg(ttl);
-        self.run(move |inner| async move {
-            let mut conn = inner.conn().await?;
+        self.with_conn(move |inner, mut conn| async move {
             conn.query::<()>(&cmd).await.map_err(|e| inner.failure(e))
         })
     }
@@ -499,8 +575,7 @@ impl crate::backend::Coordination for RedisBackend {
     fn get(&self, key: &str) -> Op<Option<String>> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(key);
-        self.run(move |inner| async move {
-            let mut conn = inner.conn().await?;
+        self.with_conn(move |inner, mut conn| async move {
             conn.query::<Option<String>>(&cmd)
                 .await
                 .map_err(|e| inner.failure(e))
@@ -510,8 +585,7 @@ impl crate::backend::Coordination for RedisBackend {
     fn delete(&self, key: &str) -> Op<()> {
         let mut cmd = redis::cmd("DEL");
         cmd.arg(key);
-        self.run(move |inner| async move {
-            let mut conn = inner.conn().await?;
+        self.with_conn(move |inner, mut conn| async move {
             conn.query::<()>(&cmd).await.map_err(|e| inner.failure(e))
         })
     }
@@ -527,16 +601,15 @@ impl Backend for RedisBackend {
     }
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        let Some(w) = self.inner.options.wait_for_replicas else {
+            let cmd = set_nx(key, token, ttl);
+            return self.with_conn(move |inner, mut conn| async move {
+                let reply: Option<String> = conn.query(&cmd).await.map_err(|e| inner.failure(e))?;
+                Ok(reply.is_some())
+            });
+        };
         let (key, token) = (key.to_owned(), token.to_owned());
         self.run(move |inner| async move {
-            let Some(w) = inner.options.wait_for_replicas else {
-                let mut conn = inner.conn().await?;
-                let reply: Option<String> = conn
-                    .query(&set_nx(&key, &token, ttl))
-                    .await
-                    .map_err(|e| inner.failure(e))?;
-                return Ok(reply.is_some());
-            };
             let cmd = set_nx(&key, &token, ttl);
             let (reply, acked) = inner
                 .write_and_wait(w, |c| {
@@ -553,8 +626,7 @@ impl Backend for RedisBackend {
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move {
-            let mut conn = inner.conn().await?;
+        self.with_conn(move |inner, mut conn| async move {
             let deleted: i64 = conn
                 .script(&scripts().release, &[&key], &[&token])
                 .await
@@ -565,16 +637,17 @@ impl Backend for RedisBackend {
 
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move {
-            let ttl = ttl.to_string();
-            let Some(w) = inner.options.wait_for_replicas else {
-                let mut conn = inner.conn().await?;
+        let ttl = ttl.to_string();
+        let Some(w) = self.inner.options.wait_for_replicas else {
+            return self.with_conn(move |inner, mut conn| async move {
                 let done: i64 = conn
                     .script(&scripts().extend, &[&key], &[&token, &ttl])
                     .await
                     .map_err(|e| inner.failure(e))?;
-                return Ok(done == 1);
-            };
+                Ok(done == 1)
+            });
+        };
+        self.run(move |inner| async move {
             let (done, acked) = inner
                 .write_and_wait(w, |c| {
                     Box::pin(async move {
@@ -593,8 +666,7 @@ impl Backend for RedisBackend {
 
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move {
-            let mut conn = inner.conn().await?;
+        self.with_conn(move |inner, mut conn| async move {
             let held: i64 = conn
                 .script(&scripts().is_held, &[&key], &[&token])
                 .await
@@ -618,20 +690,20 @@ impl Backend for RedisBackend {
             )));
         }
         let (key, token) = (key.to_owned(), token.to_owned());
+        let counter = fence_key(&key);
+        let (ttl, keep) = (ttl.to_string(), FENCE_COUNTER_KEEP_MS.to_string());
+        let Some(w) = self.inner.options.wait_for_replicas else {
+            return self.with_conn(move |inner, mut conn| async move {
+                conn.script::<Option<u64>>(
+                    &scripts().acquire_fenced,
+                    &[&key, &counter],
+                    &[&token, &ttl, &keep],
+                )
+                .await
+                .map_err(|e| inner.failure(e))
+            });
+        };
         self.run(move |inner| async move {
-            let counter = fence_key(&key);
-            let (ttl, keep) = (ttl.to_string(), FENCE_COUNTER_KEEP_MS.to_string());
-            let Some(w) = inner.options.wait_for_replicas else {
-                let mut conn = inner.conn().await?;
-                return conn
-                    .script::<Option<u64>>(
-                        &scripts().acquire_fenced,
-                        &[&key, &counter],
-                        &[&token, &ttl, &keep],
-                    )
-                    .await
-                    .map_err(|e| inner.failure(e));
-            };
             let (k2, c2, t2, ttl2, keep2) = (
                 key.clone(),
                 counter.clone(),

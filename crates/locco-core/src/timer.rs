@@ -2,7 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -47,7 +47,7 @@ struct Shared {
 struct TimerState {
     next_id: u64,
     heap: BinaryHeap<Reverse<(Instant, u64)>>,
-    wakers: HashMap<u64, Waker>,
+    wakers: crate::IdMap<u64, Waker>,
 }
 
 fn shared() -> &'static Arc<Shared> {

@@ -1,0 +1,344 @@
+//! A Redis connection whose I/O runs on the engine's thread, driven by the host's event loop
+//! (see [`crate::EventLoop`]): no thread hop between a lock operation and its socket.
+//!
+//! Used for a plain-TCP standalone server. The `redis` crate still does the protocol: its
+//! multiplexed connection runs over [`LoopStream`], and its driver is a task on the engine's
+//! thread. Only the TCP connect goes through the I/O thread (it may resolve a name).
+
+use std::cell::RefCell;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures_util::future::{FutureExt, LocalBoxFuture, Shared};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ConnectionInfo};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::error::{BackendErrorKind, Error};
+use crate::event_loop::{EventLoop, SocketWatch};
+use crate::io::{self, runtime, Failure};
+use crate::runtime::{first, First};
+
+/// A non-blocking socket read and written on the engine's thread.
+struct LoopStream {
+    sock: Arc<TcpStream>,
+    watch: Box<dyn SocketWatch>,
+}
+
+// SAFETY: the `redis` crate asks for a `Send` stream because its drivers usually run on a
+// thread pool. This one is created, polled and dropped on the engine's thread only: the
+// connection and its driver never leave it (they are `Rc`-held or run by the host's `spawn`).
+unsafe impl Send for LoopStream {}
+
+impl AsyncRead for LoopStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            match (&*this.sock).read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    this.watch.wait(cx, false);
+                    return Poll::Pending;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for LoopStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        loop {
+            match (&*this.sock).write(buf) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    this.watch.wait(cx, true);
+                    return Poll::Pending;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(self.sock.shutdown(std::net::Shutdown::Write))
+    }
+}
+
+/// Milliseconds since a process-wide origin (the watchdog reads it on the I/O thread).
+fn now_ms() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// What the watchdog on the I/O thread knows of a connection.
+struct Health {
+    sock: Arc<TcpStream>,
+    in_flight: AtomicUsize,
+    /// Whether an operation has used the connection yet.
+    used: AtomicBool,
+    /// When the connection last answered, or got busy after being idle.
+    progress_ms: AtomicU64,
+    ended: AtomicBool,
+}
+
+impl Health {
+    fn busy(self: &Arc<Self>) -> Busy {
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.progress_ms.store(now_ms(), Ordering::Release);
+        }
+        Busy(self.clone())
+    }
+
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+    }
+}
+
+/// One request in flight; an answer (or giving up on it) counts as progress.
+struct Busy(Arc<Health>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.progress_ms.store(now_ms(), Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Answers come back in order on a Redis connection, so when the oldest request has waited
+/// longer than the command timeout the connection is presumed dead: shutting the socket
+/// down fails every request on it, and the next operation connects again.
+fn watch_over(health: Arc<Health>, timeout_ms: u64) {
+    let period = Duration::from_millis((timeout_ms / 4).clamp(10, 250));
+    runtime().spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            if health.ended.load(Ordering::Acquire) {
+                return;
+            }
+            let since = now_ms().saturating_sub(health.progress_ms.load(Ordering::Acquire));
+            if health.in_flight.load(Ordering::Acquire) > 0 && since > timeout_ms {
+                let _ = health.sock.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+        }
+    });
+}
+
+#[derive(Clone)]
+struct Connected {
+    conn: MultiplexedConnection,
+    health: Arc<Health>,
+}
+
+type Connecting = Shared<LocalBoxFuture<'static, Result<Connected, Error>>>;
+
+enum State {
+    Idle,
+    Connecting(Connecting),
+    Ready(Connected),
+}
+
+/// The connection of one adapter, made on first use and again after a failure.
+pub(crate) struct Link {
+    host: Rc<dyn EventLoop>,
+    info: ConnectionInfo,
+    /// Passwords, removed from every message.
+    secrets: Vec<String>,
+    connect_timeout_ms: u64,
+    command_timeout_ms: u64,
+    state: RefCell<State>,
+}
+
+/// A connection lent to one operation; it counts as in flight until dropped.
+pub(crate) struct Lent {
+    pub conn: MultiplexedConnection,
+    health: Arc<Health>,
+    _busy: Busy,
+}
+
+impl Link {
+    /// A link for `info` when it names a plain TCP server; `None` otherwise (TLS, a Unix
+    /// socket), which the I/O thread serves.
+    pub fn new(
+        host: Rc<dyn EventLoop>,
+        info: ConnectionInfo,
+        secrets: Vec<String>,
+        connect_timeout_ms: u64,
+        command_timeout_ms: u64,
+    ) -> Option<Rc<Link>> {
+        matches!(info.addr(), redis::ConnectionAddr::Tcp(..)).then(|| {
+            Rc::new(Link {
+                host,
+                info,
+                secrets,
+                connect_timeout_ms,
+                command_timeout_ms,
+                state: RefCell::new(State::Idle),
+            })
+        })
+    }
+
+    /// The live connection, connecting first when there is none. Concurrent callers share
+    /// one attempt; a failed attempt is not kept.
+    pub async fn lend(self: &Rc<Self>) -> Result<Lent, Error> {
+        let attempt = {
+            let mut state = self.state.borrow_mut();
+            match &*state {
+                State::Ready(c) => return Ok(lent(c)),
+                State::Connecting(f) => f.clone(),
+                State::Idle => {
+                    let f = self.clone().connect().boxed_local().shared();
+                    *state = State::Connecting(f.clone());
+                    f
+                }
+            }
+        };
+        let result = attempt.clone().await;
+        let mut state = self.state.borrow_mut();
+        if matches!(&*state, State::Connecting(f) if f.ptr_eq(&attempt)) {
+            *state = match &result {
+                Ok(c) => State::Ready(c.clone()),
+                Err(_) => State::Idle,
+            };
+        }
+        result.map(|c| lent(&c))
+    }
+
+    /// Forgets the connection `lent` came from, after a failure on it.
+    pub fn reset(&self, lent: &Lent) {
+        let mut state = self.state.borrow_mut();
+        if matches!(&*state, State::Ready(c) if Arc::ptr_eq(&c.health, &lent.health)) {
+            lent.health.end();
+            let _ = lent.health.sock.shutdown(std::net::Shutdown::Both);
+            *state = State::Idle;
+        }
+    }
+
+    /// Drops the connection; its driver ends once the last request on it is answered.
+    pub fn close(&self) {
+        if let State::Ready(c) = std::mem::replace(&mut *self.state.borrow_mut(), State::Idle) {
+            c.health.end();
+        }
+    }
+
+    async fn connect(self: Rc<Self>) -> Result<Connected, Error> {
+        let redis::ConnectionAddr::Tcp(host, port) = self.info.addr().clone() else {
+            return Err(Error::Internal("a loop link needs a TCP address".into()));
+        };
+        let timeout_ms = self.connect_timeout_ms;
+        let sock = Arc::new(tcp_connect(host, port, timeout_ms).await?);
+        let watch = self
+            .host
+            .watch(sock.as_raw_fd())
+            .map_err(|e| io_error(format!("watching the Redis socket: {e}")))?;
+        let stream = LoopStream {
+            sock: sock.clone(),
+            watch,
+        };
+        // Timeouts are ours (the watchdog, and the bound below): the crate's would need a
+        // Tokio runtime on this thread.
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(None)
+            .set_response_timeout(None);
+        let setup =
+            MultiplexedConnection::new_with_config(self.info.redis_settings(), stream, config);
+        let deadline = io::sleep(Duration::from_millis(timeout_ms));
+        let (conn, driver) = match first(setup, deadline).await {
+            First::Left(r) => {
+                r.map_err(|e| crate::redis::failure_of(&self.secrets, e).into_error())?
+            }
+            First::Right(_) => {
+                let _ = sock.shutdown(std::net::Shutdown::Both);
+                let message = format!("connecting to Redis did not finish within {timeout_ms} ms");
+                return Err(Failure::new("redis", BackendErrorKind::Timeout, message).into_error());
+            }
+        };
+        let health = Arc::new(Health {
+            sock,
+            in_flight: AtomicUsize::new(0),
+            used: AtomicBool::new(false),
+            progress_ms: AtomicU64::new(now_ms()),
+            ended: AtomicBool::new(false),
+        });
+        let ended = health.clone();
+        self.host.spawn(Box::pin(async move {
+            driver.await;
+            ended.end();
+        }));
+        watch_over(health.clone(), self.command_timeout_ms);
+        Ok(Connected { conn, health })
+    }
+}
+
+impl Lent {
+    /// True for the first operation on a new connection (which runs the connect checks).
+    pub fn first_use(&self) -> bool {
+        !self.health.used.swap(true, Ordering::AcqRel)
+    }
+}
+
+fn lent(c: &Connected) -> Lent {
+    Lent {
+        conn: c.conn.clone(),
+        health: c.health.clone(),
+        _busy: c.health.busy(),
+    }
+}
+
+fn io_error(message: String) -> Error {
+    Failure::new("redis", BackendErrorKind::Io, message).into_error()
+}
+
+/// Connects on the I/O thread, bounded by the connect timeout; answers a non-blocking socket.
+async fn tcp_connect(host: String, port: u16, timeout_ms: u64) -> Result<TcpStream, Error> {
+    io::run("redis", move |_| async move {
+        let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+        match tokio::time::timeout(Duration::from_millis(timeout_ms), connect).await {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                s.into_std().map_err(|e| {
+                    Failure::new("redis", BackendErrorKind::Io, format!("Redis socket: {e}"))
+                })
+            }
+            Ok(Err(e)) => Err(Failure::new(
+                "redis",
+                BackendErrorKind::Io,
+                format!("connecting to Redis at {host}:{port}: {e}"),
+            )),
+            Err(_) => Err(Failure::new(
+                "redis",
+                BackendErrorKind::Timeout,
+                format!(
+                    "connecting to Redis at {host}:{port} did not finish within {timeout_ms} ms"
+                ),
+            )),
+        }
+    })
+    .await
+}

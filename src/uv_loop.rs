@@ -1,0 +1,300 @@
+//! The engine's [`EventLoop`] over libuv: Node's own loop reports when a socket is ready, so a
+//! Redis round trip needs no thread besides the JavaScript one, as with a JavaScript client.
+//!
+//! Node exports libuv's functions to addons; they resolve when the addon loads.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::cell::{Cell, RefCell};
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::task::{Context, Waker};
+
+use locco_core::{EventLoop, LocalFuture, SocketWatch};
+use napi::sys;
+
+use crate::{executor, hub};
+
+type PollCb = unsafe extern "C" fn(handle: *mut c_void, status: c_int, events: c_int);
+type CloseCb = unsafe extern "C" fn(handle: *mut c_void);
+
+extern "C" {
+    fn uv_handle_size(kind: c_int) -> usize;
+    fn uv_poll_init_socket(lp: *mut c_void, handle: *mut c_void, socket: c_int) -> c_int;
+    fn uv_poll_start(handle: *mut c_void, events: c_int, cb: PollCb) -> c_int;
+    fn uv_poll_stop(handle: *mut c_void) -> c_int;
+    fn uv_close(handle: *mut c_void, cb: CloseCb);
+    fn uv_unref(handle: *mut c_void);
+    fn uv_strerror(err: c_int) -> *const std::os::raw::c_char;
+}
+
+const UV_POLL: c_int = 8;
+const UV_READABLE: c_int = 1;
+const UV_WRITABLE: c_int = 2;
+
+thread_local! {
+    /// The async context that callbacks from libuv run JavaScript in (so promise reactions
+    /// run before control returns to the loop).
+    static ASYNC_CONTEXT: Cell<sys::napi_async_context> = const { Cell::new(ptr::null_mut()) };
+    /// The poll handles open on this thread's loop, which must be closed before the loop is.
+    static OPEN: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// Handles still closing at teardown, and how to tell Node when none are left.
+    static CLOSING: Cell<(usize, sys::napi_async_cleanup_hook_handle)> =
+        const { Cell::new((0, ptr::null_mut())) };
+}
+
+/// The loop of this thread's Node.js environment.
+pub struct UvLoop {
+    lp: *mut c_void,
+}
+
+impl UvLoop {
+    /// Called on the JavaScript thread, inside a call from JavaScript.
+    pub fn current() -> napi::Result<UvLoop> {
+        let env = hub::env();
+        let mut lp = ptr::null_mut();
+        check(
+            unsafe { sys::napi_get_uv_event_loop(env, &mut lp) },
+            "get the event loop",
+        )?;
+        if ASYNC_CONTEXT.with(Cell::get).is_null() {
+            let mut name = ptr::null_mut();
+            let mut ctx = ptr::null_mut();
+            unsafe {
+                check(
+                    sys::napi_create_string_utf8(env, c"locco-rs".as_ptr(), 8, &mut name),
+                    "name the async context",
+                )?;
+                check(
+                    sys::napi_async_init(env, ptr::null_mut(), name, &mut ctx),
+                    "make the async context",
+                )?;
+            }
+            ASYNC_CONTEXT.with(|c| c.set(ctx));
+            let mut hook = ptr::null_mut();
+            check(
+                unsafe {
+                    sys::napi_add_async_cleanup_hook(
+                        env,
+                        Some(close_all),
+                        ptr::null_mut(),
+                        &mut hook,
+                    )
+                },
+                "register the cleanup hook",
+            )?;
+        }
+        Ok(UvLoop { lp: lp.cast() })
+    }
+}
+
+fn check(status: sys::napi_status, what: &str) -> napi::Result<()> {
+    if status == sys::Status::napi_ok {
+        Ok(())
+    } else {
+        Err(napi::Error::from_reason(format!(
+            "could not {what} ({status})"
+        )))
+    }
+}
+
+fn uv_error(code: c_int, what: &str) -> std::io::Error {
+    let text = unsafe { std::ffi::CStr::from_ptr(uv_strerror(code)) };
+    std::io::Error::other(format!("{what}: {}", text.to_string_lossy()))
+}
+
+fn handle_layout() -> Layout {
+    let size = unsafe { uv_handle_size(UV_POLL) };
+    Layout::from_size_align(size, 16).expect("a uv_poll_t layout")
+}
+
+/// The wakers of one socket; `uv_poll_t.data` points here.
+struct Interest {
+    readable: Option<Waker>,
+    writable: Option<Waker>,
+    /// The events libuv watches now.
+    events: c_int,
+}
+
+/// One socket watched by a libuv poll handle. Reading stays watched for the socket's life
+/// (a Redis connection always has a reader); writing only while a write waits.
+struct UvWatch {
+    handle: *mut c_void,
+    interest: *mut Interest,
+}
+
+impl UvWatch {
+    fn update(&mut self) {
+        // SAFETY: `interest` lives until this watch is dropped, on this thread.
+        let interest = unsafe { &mut *self.interest };
+        let events = UV_READABLE
+            | if interest.writable.is_some() {
+                UV_WRITABLE
+            } else {
+                0
+            };
+        if events != interest.events {
+            interest.events = events;
+            unsafe { uv_poll_start(self.handle, events, on_ready) };
+        }
+    }
+}
+
+impl SocketWatch for UvWatch {
+    fn wait(&mut self, cx: &mut Context<'_>, writable: bool) {
+        // SAFETY: as in `update`.
+        let interest = unsafe { &mut *self.interest };
+        let slot = if writable {
+            &mut interest.writable
+        } else {
+            &mut interest.readable
+        };
+        *slot = Some(cx.waker().clone());
+        self.update();
+    }
+}
+
+impl Drop for UvWatch {
+    fn drop(&mut self) {
+        let key = self.handle as usize;
+        // After the environment's teardown closed it, the handle is gone already.
+        let open = OPEN
+            .try_with(|o| {
+                let mut o = o.borrow_mut();
+                let at = o.iter().position(|h| *h == key);
+                at.map(|i| o.swap_remove(i)).is_some()
+            })
+            .unwrap_or(false);
+        unsafe {
+            if open {
+                stop_and_close(self.handle, on_closed);
+            }
+            drop(Box::from_raw(self.interest));
+        }
+    }
+}
+
+unsafe fn stop_and_close(handle: *mut c_void, cb: CloseCb) {
+    uv_poll_stop(handle);
+    *(handle as *mut *mut c_void) = ptr::null_mut();
+    uv_close(handle, cb);
+}
+
+unsafe extern "C" fn on_closed(handle: *mut c_void) {
+    dealloc(handle.cast(), handle_layout());
+}
+
+/// The environment is going away (a worker thread ends): Node closes the loop next, which
+/// must have no open handle, so every socket watch is closed now.
+unsafe extern "C" fn close_all(hook: sys::napi_async_cleanup_hook_handle, _: *mut c_void) {
+    let open = OPEN.with(|o| std::mem::take(&mut *o.borrow_mut()));
+    if open.is_empty() {
+        sys::napi_remove_async_cleanup_hook(hook);
+        return;
+    }
+    CLOSING.with(|c| c.set((open.len(), hook)));
+    for handle in open {
+        stop_and_close(handle as *mut c_void, on_closed_at_teardown);
+    }
+}
+
+unsafe extern "C" fn on_closed_at_teardown(handle: *mut c_void) {
+    on_closed(handle);
+    let (left, hook) = CLOSING.with(Cell::get);
+    CLOSING.with(|c| c.set((left - 1, hook)));
+    if left == 1 {
+        sys::napi_remove_async_cleanup_hook(hook);
+    }
+}
+
+unsafe extern "C" fn on_ready(handle: *mut c_void, status: c_int, events: c_int) {
+    // `data` is the first field of every libuv handle.
+    let interest = *(handle as *mut *mut Interest);
+    if interest.is_null() {
+        return;
+    }
+    let interest = &mut *interest;
+    // An error (a closed socket) wakes both sides: their next read or write reports it.
+    let (read, write) = if status < 0 {
+        (true, true)
+    } else {
+        (events & UV_READABLE != 0, events & UV_WRITABLE != 0)
+    };
+    let mut woke = false;
+    for (fired, slot) in [
+        (read, &mut interest.readable),
+        (write, &mut interest.writable),
+    ] {
+        if let Some(w) = slot.take().filter(|_| fired) {
+            w.wake();
+            woke = true;
+        }
+    }
+    if write && interest.events & UV_WRITABLE != 0 {
+        interest.events = UV_READABLE;
+        uv_poll_start(handle, UV_READABLE, on_ready);
+    }
+    if woke {
+        run_woken_tasks();
+    }
+}
+
+/// Polls the tasks a socket woke, inside a callback scope so that the promises they settle
+/// run their reactions before libuv goes on.
+fn run_woken_tasks() {
+    let env = hub::env();
+    let ctx = ASYNC_CONTEXT.with(Cell::get);
+    if env.is_null() || ctx.is_null() {
+        return;
+    }
+    unsafe {
+        let mut handles = ptr::null_mut();
+        if sys::napi_open_handle_scope(env, &mut handles) != sys::Status::napi_ok {
+            return;
+        }
+        let mut resource = ptr::null_mut();
+        let mut scope = ptr::null_mut();
+        sys::napi_create_object(env, &mut resource);
+        if sys::napi_open_callback_scope(env, resource, ctx, &mut scope) == sys::Status::napi_ok {
+            executor::drain();
+            sys::napi_close_callback_scope(env, scope);
+        } else {
+            executor::drain();
+        }
+        sys::napi_close_handle_scope(env, handles);
+    }
+}
+
+impl EventLoop for UvLoop {
+    fn watch(&self, fd: i32) -> std::io::Result<Box<dyn SocketWatch>> {
+        unsafe {
+            let handle = alloc_zeroed(handle_layout()).cast::<c_void>();
+            if handle.is_null() {
+                return Err(std::io::Error::other("out of memory for a poll handle"));
+            }
+            let rc = uv_poll_init_socket(self.lp, handle, fd);
+            if rc != 0 {
+                dealloc(handle.cast(), handle_layout());
+                return Err(uv_error(rc, "uv_poll_init_socket"));
+            }
+            let interest = Box::into_raw(Box::new(Interest {
+                readable: None,
+                writable: None,
+                events: UV_READABLE,
+            }));
+            *(handle as *mut *mut Interest) = interest;
+            // A socket of ours never keeps the process alive.
+            uv_unref(handle);
+            let rc = uv_poll_start(handle, UV_READABLE, on_ready);
+            OPEN.with(|o| o.borrow_mut().push(handle as usize));
+            let watch = UvWatch { handle, interest };
+            if rc != 0 {
+                return Err(uv_error(rc, "uv_poll_start"));
+            }
+            Ok(Box::new(watch))
+        }
+    }
+
+    fn spawn(&self, task: LocalFuture<()>) {
+        executor::spawn(task);
+    }
+}
