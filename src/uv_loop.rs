@@ -1,10 +1,17 @@
 //! The engine's [`EventLoop`] over libuv: Node's own loop reports when a socket is ready, so a
 //! Redis round trip needs no thread besides the JavaScript one, as with a JavaScript client.
 //!
+//! Writes are queued and leave in one `send` per socket just before libuv waits for events
+//! (a prepare handle): the requests that one turn of the loop makes share a write.
+//!
 //! Node exports libuv's functions to addons; they resolve when the addon loads.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::{Cell, RefCell};
+use std::io::Write;
+use std::mem::ManuallyDrop;
+use std::net::TcpStream;
+use std::os::fd::FromRawFd;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::task::{Context, Waker};
@@ -21,13 +28,15 @@ extern "C" {
     fn uv_handle_size(kind: c_int) -> usize;
     fn uv_poll_init_socket(lp: *mut c_void, handle: *mut c_void, socket: c_int) -> c_int;
     fn uv_poll_start(handle: *mut c_void, events: c_int, cb: PollCb) -> c_int;
-    fn uv_poll_stop(handle: *mut c_void) -> c_int;
     fn uv_close(handle: *mut c_void, cb: CloseCb);
     fn uv_unref(handle: *mut c_void);
+    fn uv_prepare_init(lp: *mut c_void, handle: *mut c_void) -> c_int;
+    fn uv_prepare_start(handle: *mut c_void, cb: CloseCb) -> c_int;
     fn uv_strerror(err: c_int) -> *const std::os::raw::c_char;
 }
 
 const UV_POLL: c_int = 8;
+const UV_PREPARE: c_int = 9;
 const UV_READABLE: c_int = 1;
 const UV_WRITABLE: c_int = 2;
 
@@ -40,6 +49,8 @@ thread_local! {
     /// Handles still closing at teardown, and how to tell Node when none are left.
     static CLOSING: Cell<(usize, sys::napi_async_cleanup_hook_handle)> =
         const { Cell::new((0, ptr::null_mut())) };
+    /// Sockets with bytes waiting to be written.
+    static UNSENT: RefCell<Vec<*mut Interest>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The loop of this thread's Node.js environment.
@@ -70,6 +81,7 @@ impl UvLoop {
                 )?;
             }
             ASYNC_CONTEXT.with(|c| c.set(ctx));
+            unsafe { start_flushing(lp.cast())? };
             let mut hook = ptr::null_mut();
             check(
                 unsafe {
@@ -102,54 +114,123 @@ fn uv_error(code: c_int, what: &str) -> std::io::Error {
     std::io::Error::other(format!("{what}: {}", text.to_string_lossy()))
 }
 
+/// One layout for both kinds of handle this module makes (poll and prepare).
 fn handle_layout() -> Layout {
-    let size = unsafe { uv_handle_size(UV_POLL) };
-    Layout::from_size_align(size, 16).expect("a uv_poll_t layout")
+    let size = unsafe { uv_handle_size(UV_POLL).max(uv_handle_size(UV_PREPARE)) };
+    Layout::from_size_align(size, 16).expect("a libuv handle layout")
 }
 
-/// The wakers of one socket; `uv_poll_t.data` points here.
+unsafe fn new_handle() -> std::io::Result<*mut c_void> {
+    let handle = alloc_zeroed(handle_layout()).cast::<c_void>();
+    if handle.is_null() {
+        return Err(std::io::Error::other("out of memory for a libuv handle"));
+    }
+    Ok(handle)
+}
+
+/// Starts the prepare handle that writes queued bytes before each wait for events.
+unsafe fn start_flushing(lp: *mut c_void) -> napi::Result<()> {
+    let handle = new_handle().map_err(|e| napi::Error::from_reason(e.to_string()))?;
+    if uv_prepare_init(lp, handle) != 0 {
+        dealloc(handle.cast(), handle_layout());
+        return Err(napi::Error::from_reason(
+            "could not start a libuv prepare handle",
+        ));
+    }
+    uv_unref(handle);
+    uv_prepare_start(handle, send_all);
+    OPEN.with(|o| o.borrow_mut().push(handle as usize));
+    Ok(())
+}
+
+unsafe extern "C" fn send_all(_: *mut c_void) {
+    let unsent = UNSENT.with(|u| std::mem::take(&mut *u.borrow_mut()));
+    for interest in unsent {
+        let interest = &mut *interest;
+        interest.queued = false;
+        interest.write_out(true);
+    }
+}
+
+/// One socket's reader and unsent bytes; `uv_poll_t.data` points here.
 struct Interest {
+    handle: *mut c_void,
+    fd: c_int,
     readable: Option<Waker>,
-    writable: Option<Waker>,
+    unsent: Vec<u8>,
+    /// Whether the socket is in `UNSENT`.
+    queued: bool,
+    /// The error that ended writing, reported by the next `send`.
+    failed: Option<(std::io::ErrorKind, String)>,
     /// The events libuv watches now.
     events: c_int,
 }
 
-/// One socket watched by a libuv poll handle. Reading stays watched for the socket's life
-/// (a Redis connection always has a reader); writing only while a write waits.
+impl Interest {
+    /// Writes what it can; watches for writability while the socket buffer is full. A write
+    /// error wakes the reader; `from_loop` polls it at once (inside a drain, the drain does).
+    fn write_out(&mut self, from_loop: bool) {
+        // SAFETY: the socket is open while its watch lives, and this borrow never closes it.
+        let sock = ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(self.fd) });
+        let mut sent = 0;
+        let mut woke = false;
+        while sent < self.unsent.len() {
+            match (&*sock).write(&self.unsent[sent..]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // The reader finds the broken socket too, and fails what is in flight.
+                    self.failed = Some((e.kind(), e.to_string()));
+                    sent = self.unsent.len();
+                    woke = self.readable.take().map(Waker::wake).is_some();
+                }
+            }
+        }
+        self.unsent.drain(..sent);
+        let events = if self.unsent.is_empty() {
+            UV_READABLE
+        } else {
+            UV_READABLE | UV_WRITABLE
+        };
+        if events != self.events {
+            self.events = events;
+            unsafe { uv_poll_start(self.handle, events, on_ready) };
+        }
+        if woke && from_loop {
+            run_woken_tasks();
+        }
+    }
+}
+
+/// One socket watched by a libuv poll handle. Reading stays watched for the socket's life (a
+/// Redis connection always has a reader); writing only while bytes wait for room.
 struct UvWatch {
     handle: *mut c_void,
     interest: *mut Interest,
 }
 
-impl UvWatch {
-    fn update(&mut self) {
+impl SocketWatch for UvWatch {
+    fn wait_readable(&mut self, cx: &mut Context<'_>) {
         // SAFETY: `interest` lives until this watch is dropped, on this thread.
         let interest = unsafe { &mut *self.interest };
-        let events = UV_READABLE
-            | if interest.writable.is_some() {
-                UV_WRITABLE
-            } else {
-                0
-            };
-        if events != interest.events {
-            interest.events = events;
-            unsafe { uv_poll_start(self.handle, events, on_ready) };
-        }
+        interest.readable = Some(cx.waker().clone());
     }
-}
 
-impl SocketWatch for UvWatch {
-    fn wait(&mut self, cx: &mut Context<'_>, writable: bool) {
-        // SAFETY: as in `update`.
+    fn send(&mut self, bytes: &[u8], now: bool) -> std::io::Result<()> {
+        // SAFETY: as above.
         let interest = unsafe { &mut *self.interest };
-        let slot = if writable {
-            &mut interest.writable
-        } else {
-            &mut interest.readable
-        };
-        *slot = Some(cx.waker().clone());
-        self.update();
+        if let Some((kind, text)) = &interest.failed {
+            return Err(std::io::Error::new(*kind, text.clone()));
+        }
+        interest.unsent.extend_from_slice(bytes);
+        if now {
+            interest.write_out(false);
+        } else if !interest.queued {
+            interest.queued = true;
+            UNSENT.with(|u| u.borrow_mut().push(self.interest));
+        }
+        Ok(())
     }
 }
 
@@ -164,6 +245,7 @@ impl Drop for UvWatch {
                 at.map(|i| o.swap_remove(i)).is_some()
             })
             .unwrap_or(false);
+        let _ = UNSENT.try_with(|u| u.borrow_mut().retain(|i| *i != self.interest));
         unsafe {
             if open {
                 stop_and_close(self.handle, on_closed);
@@ -173,8 +255,8 @@ impl Drop for UvWatch {
     }
 }
 
+/// Closes a handle (which stops it) so that no later callback finds its data.
 unsafe fn stop_and_close(handle: *mut c_void, cb: CloseCb) {
-    uv_poll_stop(handle);
     *(handle as *mut *mut c_void) = ptr::null_mut();
     uv_close(handle, cb);
 }
@@ -213,27 +295,17 @@ unsafe extern "C" fn on_ready(handle: *mut c_void, status: c_int, events: c_int)
         return;
     }
     let interest = &mut *interest;
-    // An error (a closed socket) wakes both sides: their next read or write reports it.
+    // An error (a closed socket) wakes the reader, whose next read reports it.
     let (read, write) = if status < 0 {
-        (true, true)
+        (true, false)
     } else {
         (events & UV_READABLE != 0, events & UV_WRITABLE != 0)
     };
-    let mut woke = false;
-    for (fired, slot) in [
-        (read, &mut interest.readable),
-        (write, &mut interest.writable),
-    ] {
-        if let Some(w) = slot.take().filter(|_| fired) {
-            w.wake();
-            woke = true;
-        }
+    if write {
+        interest.write_out(true);
     }
-    if write && interest.events & UV_WRITABLE != 0 {
-        interest.events = UV_READABLE;
-        uv_poll_start(handle, UV_READABLE, on_ready);
-    }
-    if woke {
+    if let Some(w) = interest.readable.take().filter(|_| read) {
+        w.wake();
         run_woken_tasks();
     }
 }
@@ -267,18 +339,19 @@ fn run_woken_tasks() {
 impl EventLoop for UvLoop {
     fn watch(&self, fd: i32) -> std::io::Result<Box<dyn SocketWatch>> {
         unsafe {
-            let handle = alloc_zeroed(handle_layout()).cast::<c_void>();
-            if handle.is_null() {
-                return Err(std::io::Error::other("out of memory for a poll handle"));
-            }
+            let handle = new_handle()?;
             let rc = uv_poll_init_socket(self.lp, handle, fd);
             if rc != 0 {
                 dealloc(handle.cast(), handle_layout());
                 return Err(uv_error(rc, "uv_poll_init_socket"));
             }
             let interest = Box::into_raw(Box::new(Interest {
+                handle,
+                fd,
                 readable: None,
-                writable: None,
+                unsent: Vec::new(),
+                queued: false,
+                failed: None,
                 events: UV_READABLE,
             }));
             *(handle as *mut *mut Interest) = interest;

@@ -11,9 +11,12 @@ use crate::LocalFuture;
 
 /// Readiness of one non-blocking socket, reported by the host's event loop.
 pub trait SocketWatch {
-    /// Wakes `cx`'s waker once, on the engine's thread, when the socket becomes readable
-    /// (`writable` false) or writable.
-    fn wait(&mut self, cx: &mut Context<'_>, writable: bool);
+    /// Wakes `cx`'s waker once, on the engine's thread, when the socket becomes readable.
+    fn wait_readable(&mut self, cx: &mut Context<'_>);
+    /// Queues bytes for the socket. With `now` they are written at once; otherwise before
+    /// the loop next waits for events, so the requests of one turn of the loop leave in one
+    /// write. Fails when an earlier write failed.
+    fn send(&mut self, bytes: &[u8], now: bool) -> std::io::Result<()>;
 }
 
 /// The event loop that the engine's thread runs.

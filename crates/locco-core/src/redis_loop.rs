@@ -6,7 +6,7 @@
 //! thread. Only the TCP connect goes through the I/O thread (it may resolve a name).
 
 use std::cell::RefCell;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
@@ -26,10 +26,13 @@ use crate::event_loop::{EventLoop, SocketWatch};
 use crate::io::{self, runtime, Failure};
 use crate::runtime::{first, First};
 
-/// A non-blocking socket read and written on the engine's thread.
+/// A non-blocking socket read on the engine's thread; the host writes what it is sent.
 struct LoopStream {
-    sock: Arc<TcpStream>,
+    // Declared first so it is dropped first, while the socket is still open.
     watch: Box<dyn SocketWatch>,
+    sock: Arc<TcpStream>,
+    /// Requests of the connection in flight, shared with its [`Health`].
+    in_flight: Arc<AtomicUsize>,
 }
 
 // SAFETY: the `redis` crate asks for a `Send` stream because its drivers usually run on a
@@ -51,7 +54,7 @@ impl AsyncRead for LoopStream {
                     return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    this.watch.wait(cx, false);
+                    this.watch.wait_readable(cx);
                     return Poll::Pending;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -64,21 +67,14 @@ impl AsyncRead for LoopStream {
 impl AsyncWrite for LoopStream {
     fn poll_write(
         self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
+        _: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        // A lone request leaves at once (a sequential caller waits for nothing else); with
+        // others in flight it joins this turn's write, and their answers are on the way.
         let this = self.get_mut();
-        loop {
-            match (&*this.sock).write(buf) {
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    this.watch.wait(cx, true);
-                    return Poll::Pending;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        let now = this.in_flight.load(Ordering::Acquire) <= 1;
+        Poll::Ready(this.watch.send(buf, now).map(|()| buf.len()))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -99,7 +95,7 @@ fn now_ms() -> u64 {
 /// What the watchdog on the I/O thread knows of a connection.
 struct Health {
     sock: Arc<TcpStream>,
-    in_flight: AtomicUsize,
+    in_flight: Arc<AtomicUsize>,
     /// Whether an operation has used the connection yet.
     used: AtomicBool,
     /// When the connection last answered, or got busy after being idle.
@@ -257,9 +253,11 @@ impl Link {
             .host
             .watch(sock.as_raw_fd())
             .map_err(|e| io_error(format!("watching the Redis socket: {e}")))?;
+        let in_flight = Arc::new(AtomicUsize::new(0));
         let stream = LoopStream {
-            sock: sock.clone(),
             watch,
+            sock: sock.clone(),
+            in_flight: in_flight.clone(),
         };
         // Timeouts are ours (the watchdog, and the bound below): the crate's would need a
         // Tokio runtime on this thread.
@@ -281,7 +279,7 @@ impl Link {
         };
         let health = Arc::new(Health {
             sock,
-            in_flight: AtomicUsize::new(0),
+            in_flight,
             used: AtomicBool::new(false),
             progress_ms: AtomicU64::new(now_ms()),
             ended: AtomicBool::new(false),
