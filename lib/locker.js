@@ -171,9 +171,8 @@ class Lock {
   _release(final) {
     try {
       const opId = nextOpId();
-      const r = answer(native.release(this._id, final, opId), opId);
-      if (typeof r === 'boolean') return Promise.resolve(this._afterRelease(r));
-      return r.then((deleted) => this._afterRelease(deleted));
+      const r = answer(native.release(this._id, final, opId), opId, (deleted) => this._afterRelease(deleted));
+      return typeof r === 'boolean' ? Promise.resolve(this._afterRelease(r)) : r;
     } catch (error) {
       return Promise.reject(error);
     }

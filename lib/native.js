@@ -79,6 +79,8 @@ function callHost(fn, arg, opId) {
 
 // An awaited operation keeps the process alive, as a pending timer would; the library's own
 // background work (heartbeats, expiry checks) does not.
+// One interval, referenced only while something is awaited: toggling a reference is much
+// cheaper than making and clearing a timer per operation.
 let keepAlive;
 
 function wait(opId, map) {
@@ -90,7 +92,10 @@ function wait(opId, map) {
       hub.settle(opId, settled[0], settled[1]);
       return;
     }
-    keepAlive ??= setInterval(() => {}, 2 ** 30);
+    if (waiting.size === 1) {
+      keepAlive ??= setInterval(() => {}, 2 ** 30);
+      keepAlive.ref();
+    }
   });
 }
 
@@ -103,10 +108,7 @@ const hub = {
       return;
     }
     waiting.delete(opId);
-    if (waiting.size === 0 && keepAlive !== undefined) {
-      clearInterval(keepAlive);
-      keepAlive = undefined;
-    }
+    if (waiting.size === 0 && keepAlive !== undefined) keepAlive.unref();
     if (isError) w.reject(value);
     else if (w.map === undefined) w.resolve(value);
     else {

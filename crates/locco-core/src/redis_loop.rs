@@ -33,6 +33,9 @@ struct LoopStream {
     sock: Arc<TcpStream>,
     /// Requests of the connection in flight, shared with its [`Health`].
     in_flight: Arc<AtomicUsize>,
+    /// Where reads land first: the codec hands over uninitialised space, which would
+    /// otherwise be zeroed on every read.
+    scratch: Box<[u8]>,
 }
 
 // SAFETY: the `redis` crate asks for a `Send` stream because its drivers usually run on a
@@ -47,10 +50,11 @@ impl AsyncRead for LoopStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        let room = buf.remaining().min(this.scratch.len());
         loop {
-            match (&*this.sock).read(buf.initialize_unfilled()) {
+            match (&*this.sock).read(&mut this.scratch[..room]) {
                 Ok(n) => {
-                    buf.advance(n);
+                    buf.put_slice(&this.scratch[..n]);
                     return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -258,6 +262,7 @@ impl Link {
             watch,
             sock: sock.clone(),
             in_flight: in_flight.clone(),
+            scratch: vec![0; 16 * 1024].into_boxed_slice(),
         };
         // Timeouts are ours (the watchdog, and the bound below): the crate's would need a
         // Tokio runtime on this thread.
