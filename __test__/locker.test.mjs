@@ -318,6 +318,30 @@ for (const [name, makeAdapter] of ALL) {
       assert.ok(fences.every((f, i) => Number.isInteger(f) && (i === 0 || f > fences[i - 1])), String(fences));
     });
 
+    it('a released lock answers from the facade once the engine has forgotten it', async () => {
+      const { locker } = setup({ fencing: true });
+      const lock = await locker.acquire('gone', { ttl: 5000 });
+      const { token, fence } = lock;
+      await sleep(5);
+      assert.equal(await lock.release(), true);
+      assert.notEqual(lock._end, undefined, 'the engine forgot the lock');
+      assert.equal(lock.state, 'released');
+      assert.equal(lock.lostReason, undefined);
+      assert.equal(lock.token, token);
+      assert.equal(lock.fence, fence);
+      assert.equal(lock.ttl, 5000);
+      assert.ok(lock.heldMs >= 4, String(lock.heldMs));
+      assert.equal(lock.signal.aborted, false);
+      assert.equal(await lock.isHeld(), false);
+      assert.equal(await lock.release(), false);
+      await assert.rejects(lock.extend(1000), LockStateError);
+      // A new holder of the key is not disturbed by the old lock.
+      const next = await locker.acquire('gone', { ttl: 5000 });
+      await lock[Symbol.asyncDispose]();
+      assert.equal(await next.isHeld(), true);
+      await next.release();
+    });
+
     it('drops what onEvent throws', async () => {
       const { locker } = setup({
         onEvent: () => {

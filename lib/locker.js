@@ -2,14 +2,21 @@
 
 const { native, answer, wait, nextOpId, registerClock, lockers, delays, lossHandlers, ABORTED, PENDING } =
   require('./native.js');
-const { LockLostError, validation } = require('./errors.js');
+const { LockLostError, LockStateError, validation } = require('./errors.js');
 const { adapterId } = require('./adapters.js');
 
 const STATES = ['held', 'lost', 'released'];
+// Where `lockEnd` writes a forgotten lock's held time, fence and ttl.
+const endValues = new Float64Array(3);
 const DEFAULT_RETRY = Object.freeze({ retries: 10, delay: 200, timeout: undefined });
 const NATIVE_DELAY = Symbol('locco-rs.delayId');
 
 // Locks the facade no longer refers to are forgotten by the engine too, in one call per batch.
+// An object in a FinalizationRegistry survives the young-generation collections, which made
+// registering every lock a sixth of the cost of a contended acquisition. So new locks wait in
+// a small batch, and only those still unreleased when it is full (or on the next turn of the
+// event loop) are registered; a cleanly released lock is forgotten by the engine at once
+// (see `Lock._forget`).
 let forgotten = [];
 const forget = new FinalizationRegistry((id) => {
   if (forgotten.push(id) === 1) {
@@ -20,6 +27,15 @@ const forget = new FinalizationRegistry((id) => {
     });
   }
 });
+
+const RECENT_BATCH = 64;
+let recentLocks = [];
+let nextTurnCheck = false;
+function registerUnreleased() {
+  const locks = recentLocks;
+  recentLocks = [];
+  for (const lock of locks) if (lock._end === undefined) forget.register(lock, lock._id);
+}
 
 function isObject(v) {
   return v !== null && typeof v === 'object';
@@ -113,7 +129,16 @@ class Lock {
     this._controller = undefined;
     this._released = undefined;
     this._key = key;
-    forget.register(this, id);
+    // Set once the engine has forgotten the lock: { token, heldMs, fence, ttl }.
+    this._end = undefined;
+    if (recentLocks.push(this) === RECENT_BATCH) registerUnreleased();
+    else if (!nextTurnCheck) {
+      nextTurnCheck = true;
+      setImmediate(() => {
+        nextTurnCheck = false;
+        registerUnreleased();
+      });
+    }
   }
 
   /** The key, prefix included. */
@@ -122,26 +147,26 @@ class Lock {
   }
 
   get token() {
-    return native.lockToken(this._id);
+    return this._end === undefined ? native.lockToken(this._id) : this._end.token;
   }
   get fence() {
-    return native.lockFence(this._id) ?? undefined;
+    return this._end === undefined ? (native.lockFence(this._id) ?? undefined) : this._end.fence;
   }
   get ttl() {
-    return native.lockTtl(this._id);
+    return this._end === undefined ? native.lockTtl(this._id) : this._end.ttl;
   }
   /** The merged retry policy: built-in defaults, then the Locker's, then the call's. */
   get retry() {
     return mergeRetry(this._locker._retry, this._callRetry);
   }
   get state() {
-    return STATES[native.lockState(this._id)];
+    return this._end === undefined ? STATES[native.lockState(this._id)] : 'released';
   }
   get lostReason() {
-    return native.lockLostReason(this._id) ?? undefined;
+    return this._end === undefined ? (native.lockLostReason(this._id) ?? undefined) : undefined;
   }
   get heldMs() {
-    return native.lockHeldMs(this._id);
+    return this._end === undefined ? native.lockHeldMs(this._id) : this._end.heldMs;
   }
 
   /** Aborts, with a LockLostError as its reason, the moment the lease is known lost. */
@@ -169,6 +194,7 @@ class Lock {
   }
 
   _release(final) {
+    if (this._end !== undefined) return Promise.resolve(false);
     try {
       const opId = nextOpId();
       const r = answer(native.release(this._id, final, opId), opId, (deleted) => this._afterRelease(deleted));
@@ -181,13 +207,25 @@ class Lock {
   _afterRelease(deleted) {
     if (this._released === undefined) this._released = deleted;
     lossHandlers.delete(this._id);
+    if (this._end === undefined) this._forget();
     return deleted;
+  }
+
+  /** Once released, the lock's state is final: the engine forgets it and this object keeps it. */
+  _forget() {
+    const token = native.lockEnd(this._id, endValues);
+    if (token === null || token === undefined) return;
+    const fence = endValues[1];
+    this._end = { token, heldMs: endValues[0], fence: Number.isNaN(fence) ? undefined : fence, ttl: endValues[2] };
   }
 
   /** A new lease of `ttl` ms from now, clamped to the hold deadline. */
   extend(ttl) {
     try {
       if (typeof ttl !== 'number') throw validation('ttl', `must be a number of ms, got ${typeof ttl}`);
+      if (this._end !== undefined) {
+        throw new LockStateError(`lock ${JSON.stringify(this._key)} is released; it cannot be extended`);
+      }
       const opId = nextOpId();
       return Promise.resolve(answer(native.extend(this._id, ttl, opId), opId));
     } catch (error) {
@@ -197,6 +235,8 @@ class Lock {
 
   /** One look at the backend. A false while held marks the lock lost ('observed'). */
   isHeld() {
+    // Released: the key was deleted, or was never ours again.
+    if (this._end !== undefined) return Promise.resolve(false);
     try {
       const opId = nextOpId();
       return Promise.resolve(answer(native.isHeld(this._id, opId), opId));

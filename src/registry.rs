@@ -784,3 +784,42 @@ pub fn backoff_delay(delay_id: u32, attempt: u32) -> f64 {
         _ => f64::NAN,
     }
 }
+
+/// Forgets a cleanly released lock (released, never lost), so the facade answers for it from
+/// then on: writes its held time, fence (NaN for none) and ttl into `out` (a Float64Array of
+/// 3) and answers its token. Any other lock stays, and the answer is null.
+#[napi(catch_unwind)]
+pub fn lock_end(lock_id: f64, out: napi::bindgen_prelude::Unknown<'_>) -> Option<String> {
+    use napi::JsValue;
+    let l =
+        lock(lock_id).filter(|l| l.state() == LockState::Released && l.lost_reason().is_none())?;
+    let values = [
+        l.held_ms(),
+        l.fence().map_or(f64::NAN, |f| f as f64),
+        l.ttl() as f64,
+    ];
+    let mut data = std::ptr::null_mut();
+    let mut length = 0;
+    let mut kind = 0;
+    let status = unsafe {
+        napi::sys::napi_get_typedarray_info(
+            crate::hub::env(),
+            out.raw(),
+            &mut kind,
+            &mut length,
+            &mut data,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    if status != napi::sys::Status::napi_ok
+        || kind != napi::sys::TypedarrayType::float64_array
+        || length < values.len()
+    {
+        return None;
+    }
+    // SAFETY: `data` points at `length` f64s of a live Float64Array.
+    unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), data.cast::<f64>(), values.len()) };
+    REG.with(|r| r.borrow_mut().locks.remove(&(lock_id as u64)));
+    Some(l.token().to_string())
+}
