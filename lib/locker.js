@@ -1,13 +1,23 @@
 'use strict';
 
-const { native, answer, wait, nextOpId, registerClock, lockers, delays, lossHandlers, ABORTED, PENDING } =
-  require('./native.js');
+const {
+  native,
+  fast,
+  endValues,
+  answer,
+  wait,
+  nextOpId,
+  registerClock,
+  lockers,
+  delays,
+  lossHandlers,
+  ABORTED,
+  PENDING,
+} = require('./native.js');
 const { LockLostError, LockStateError, validation } = require('./errors.js');
 const { adapterId } = require('./adapters.js');
 
 const STATES = ['held', 'lost', 'released'];
-// Where `lockEnd` writes a forgotten lock's held time, fence and ttl.
-const endValues = new Float64Array(3);
 const DEFAULT_RETRY = Object.freeze({ retries: 10, delay: 200, timeout: undefined });
 const NATIVE_DELAY = Symbol('locco-rs.delayId');
 
@@ -197,7 +207,7 @@ class Lock {
     if (this._end !== undefined) return Promise.resolve(false);
     try {
       const opId = nextOpId();
-      const r = answer(native.release(this._id, final, opId), opId, (deleted) => this._afterRelease(deleted));
+      const r = answer(fast.release(this._id, final, opId), opId, (deleted) => this._afterRelease(deleted));
       return typeof r === 'boolean' ? Promise.resolve(this._afterRelease(r)) : r;
     } catch (error) {
       return Promise.reject(error);
@@ -213,7 +223,7 @@ class Lock {
 
   /** Once released, the lock's state is final: the engine forgets it and this object keeps it. */
   _forget() {
-    const token = native.lockEnd(this._id, endValues);
+    const token = fast.lockEnd(this._id);
     if (token === null || token === undefined) return;
     const fence = endValues[1];
     this._end = { token, heldMs: endValues[0], fence: Number.isNaN(fence) ? undefined : fence, ttl: endValues[2] };
@@ -345,7 +355,7 @@ class Locker {
       let r;
       if (isTtlOnly(key, options)) {
         const opId = nextOpId();
-        r = native.acquireTtl(this._id, mode, key, options.ttl, opId);
+        r = fast.acquireTtl(this._id, mode, key, options.ttl, opId);
         if (r === PENDING) return wait(opId, (id) => (id === null ? null : this._lock(id, key, options)));
         r = answer(r, opId);
       } else {

@@ -148,7 +148,10 @@ const hub = {
   },
 };
 
-native.init(hub, () => {});
+// Where `fast.lockEnd` writes a forgotten lock's held time, fence and ttl.
+const endValues = new Float64Array(3);
+// The calls every lock makes, as raw functions (src/fast.rs): acquireTtl, release, lockEnd.
+const fast = native.init(hub, () => {}, endValues);
 
 /**
  * The result of a native operation: the value itself when it finished within the call
@@ -172,6 +175,8 @@ function registerClock(fn) {
 
 module.exports = {
   native,
+  fast,
+  endValues,
   answer,
   wait,
   PENDING,

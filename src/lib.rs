@@ -11,6 +11,7 @@
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod executor;
+mod fast;
 mod host;
 mod hub;
 mod ops;
@@ -24,9 +25,9 @@ use napi_derive::napi;
 use ops::Raw;
 
 /// Registers the facade's trampolines (an object of functions) and the function the timer
-/// thread calls to wake the event loop.
+/// thread calls to wake the event loop; answers the raw per-lock functions (see `fast`).
 #[napi(catch_unwind)]
-pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>) -> Result<()> {
+pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unknown) -> Result<Raw> {
     let names = [
         "settle",
         "event",
@@ -52,7 +53,7 @@ pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>) -> Result<()> {
             Ok(())
         })?;
     executor::EXECUTOR.with(|e| e.set_wake(tsfn));
-    Ok(())
+    fast::functions(env.raw(), end_values.raw()).map(Raw)
 }
 
 /// The error behind the last `FAILED` answer.

@@ -586,8 +586,7 @@ pub fn acquire(
 }
 
 /// `acquire` with only a ttl: the Locker's retry policy, no heartbeat, no signal. The common
-/// call, kept to five arguments because each argument costs a conversion.
-#[napi(catch_unwind)]
+/// call, kept to five arguments because each argument costs a conversion (see `fast`).
 pub fn acquire_ttl(locker_id: u32, mode: u32, key: String, ttl: f64, op_id: f64) -> Raw {
     let prepared = locker(locker_id).and_then(|l| {
         validate_ttl("ttl", ttl)?;
@@ -740,8 +739,7 @@ fn with_lock(lock_id: f64, op_id: f64, f: impl FnOnce(Lock) -> Raw) -> Raw {
 }
 
 /// Releases a lock; answers whether our key was deleted. `final_attempt`: nobody will try
-/// again (await using, withLock), so a failure also stops the heartbeat.
-#[napi(catch_unwind)]
+/// again (await using, withLock), so a failure also stops the heartbeat (see `fast`).
 pub fn release(lock_id: f64, final_attempt: bool, op_id: f64) -> Raw {
     with_lock(lock_id, op_id, |l| {
         ops::run(op_id, async move {
@@ -786,11 +784,9 @@ pub fn backoff_delay(delay_id: u32, attempt: u32) -> f64 {
 }
 
 /// Forgets a cleanly released lock (released, never lost), so the facade answers for it from
-/// then on: writes its held time, fence (NaN for none) and ttl into `out` (a Float64Array of
-/// 3) and answers its token. Any other lock stays, and the answer is null.
-#[napi(catch_unwind)]
-pub fn lock_end(lock_id: f64, out: napi::bindgen_prelude::Unknown<'_>) -> Option<String> {
-    use napi::JsValue;
+/// then on: writes its held time, fence (NaN for none) and ttl into `out` and answers its
+/// token. Any other lock stays, and the answer is `None` (see `fast`).
+pub fn lock_end(lock_id: f64, out: &mut [f64]) -> Option<String> {
     let l =
         lock(lock_id).filter(|l| l.state() == LockState::Released && l.lost_reason().is_none())?;
     let values = [
@@ -798,28 +794,7 @@ pub fn lock_end(lock_id: f64, out: napi::bindgen_prelude::Unknown<'_>) -> Option
         l.fence().map_or(f64::NAN, |f| f as f64),
         l.ttl() as f64,
     ];
-    let mut data = std::ptr::null_mut();
-    let mut length = 0;
-    let mut kind = 0;
-    let status = unsafe {
-        napi::sys::napi_get_typedarray_info(
-            crate::hub::env(),
-            out.raw(),
-            &mut kind,
-            &mut length,
-            &mut data,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-    };
-    if status != napi::sys::Status::napi_ok
-        || kind != napi::sys::TypedarrayType::float64_array
-        || length < values.len()
-    {
-        return None;
-    }
-    // SAFETY: `data` points at `length` f64s of a live Float64Array.
-    unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), data.cast::<f64>(), values.len()) };
+    out.get_mut(..values.len())?.copy_from_slice(&values);
     REG.with(|r| r.borrow_mut().locks.remove(&(lock_id as u64)));
     Some(l.token().to_string())
 }

@@ -1,7 +1,7 @@
 //! The lease clock: monotonic time plus any pause that only the wall clock saw.
 
 use std::cell::Cell;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A monotonic clock in milliseconds. Implementations never step backwards.
 pub trait Clock {
@@ -19,13 +19,26 @@ pub trait TimeSource {
 /// The process's clocks.
 pub struct SystemSource;
 
-thread_local! {
-    static ORIGIN: Instant = Instant::now();
+/// Milliseconds since an arbitrary origin, from the monotonic clock; the same origin on
+/// every thread.
+#[cfg(target_os = "linux")]
+pub fn monotonic_ms() -> f64 {
+    // Read directly: through `Instant` a reading also paid a thread-local origin and a
+    // checked subtraction, a third of its cost, on the hottest path of an acquisition.
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write into; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 * 1000.0 + ts.tv_nsec as f64 / 1e6
 }
 
-/// Milliseconds since an arbitrary origin, from the monotonic clock.
+#[cfg(not(target_os = "linux"))]
 pub fn monotonic_ms() -> f64 {
-    ORIGIN.with(|o| o.elapsed().as_secs_f64() * 1000.0)
+    use std::time::Instant;
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed().as_secs_f64() * 1000.0
 }
 
 impl TimeSource for SystemSource {

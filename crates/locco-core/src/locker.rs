@@ -11,7 +11,7 @@ use crate::options::{random_token, validate_key, AcquireOptions, LockerOptions};
 use crate::retry::{Delay, DelayInput, RetryPolicy};
 use crate::runtime::{aborted, first, Abort, First, Runtime};
 use crate::scheduler::{Due, Scheduler};
-use crate::timer::sleep_until;
+use crate::timer::{sleep_until, sleep_until_from};
 
 /// The shortest wait between attempts: one timer tick, so retries never spin.
 const MIN_WAIT_MS: f64 = 1.0;
@@ -207,13 +207,19 @@ impl Locker {
                 elapsed_ms,
                 previous_delay,
             };
+            // The last clock reading, for the sleep below: still `now` unless a delay
+            // function (which may be async JavaScript) took time.
+            let mut read_at = now;
             let delay = match &policy.delay {
                 Delay::Custom(_) => {
                     match self
                         .bounded(policy.delay.next(input), budget_end, abort)
                         .await
                     {
-                        Bounded::Done(d) => d?,
+                        Bounded::Done(d) => {
+                            read_at = self.now();
+                            d?
+                        }
                         Bounded::Aborted => return Err(Error::Aborted),
                         Bounded::OutOfTime => return Err(held(self.now())),
                     }
@@ -231,7 +237,7 @@ impl Locker {
                     .unwrap_or_else(|| Box::new(NeverReleased))
             });
             let clock = &*self.shared.rt.clock;
-            let sleep = sleep_until(clock, &*self.shared.rt.timer, wake_at);
+            let sleep = sleep_until_from(clock, &*self.shared.rt.timer, wake_at, read_at);
             let wait = first(sleep, waiter.released());
             if let First::Right(_) = first(wait, aborted(abort)).await {
                 return Err(Error::Aborted);

@@ -23,12 +23,15 @@ pub trait Timer {
 /// Sleeps until `clock` reads at least `deadline`, whatever the clock is (an injected clock
 /// that does not move keeps this waiting, as a fake clock should).
 pub async fn sleep_until(clock: &dyn Clock, timer: &dyn Timer, deadline: f64) {
-    loop {
-        let left = deadline - clock.now();
-        if left <= 0.0 {
-            return;
-        }
+    sleep_until_from(clock, timer, deadline, clock.now()).await
+}
+
+/// [`sleep_until`] for a caller that has just read the clock (`now`).
+pub async fn sleep_until_from(clock: &dyn Clock, timer: &dyn Timer, deadline: f64, now: f64) {
+    let mut left = deadline - now;
+    while left > 0.0 {
         timer.sleep(left).await;
+        left = deadline - clock.now();
     }
 }
 
@@ -253,6 +256,9 @@ impl Timer for LocalTimer {
         Box::pin(LocalSleep {
             at: Instant::now() + Duration::from_micros((ms * 1000.0) as u64),
             id: None,
+            // A sleep made for a positive time cannot be over at its first poll, which
+            // follows at once: that poll need not read the clock again.
+            fresh: ms > 0.0,
             state: self.0.clone(),
         })
     }
@@ -261,13 +267,14 @@ impl Timer for LocalTimer {
 struct LocalSleep {
     at: Instant,
     id: Option<u64>,
+    fresh: bool,
     state: Rc<LocalTimerState>,
 }
 
 impl Future for LocalSleep {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if Instant::now() >= self.at {
+        if !std::mem::take(&mut self.fresh) && Instant::now() >= self.at {
             if let Some(id) = self.id.take() {
                 self.state.entries.borrow_mut().remove(&(self.at, id));
             }

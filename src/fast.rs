@@ -1,0 +1,193 @@
+//! Raw N-API entry points for the calls every lock makes (acquire with a ttl, release, and
+//! forgetting a released lock). The `#[napi]` wrappers open a borrow scope per call, which
+//! cost a twentieth of a contended in-memory acquisition; these convert their few arguments
+//! by hand. `init` hands them to the facade.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+
+use locco_core::Error;
+use napi::sys;
+
+use crate::ops::{self, Raw};
+use crate::registry;
+
+thread_local! {
+    /// The facade's Float64Array that `lockEnd` writes a forgotten lock's numbers into.
+    static END_VALUES: Cell<(*mut f64, usize)> = const { Cell::new((ptr::null_mut(), 0)) };
+}
+
+/// The functions, as an object `{ acquireTtl, release, lockEnd }`, after keeping
+/// `end_values` (a Float64Array the facade owns for good).
+pub fn functions(env: sys::napi_env, end_values: sys::napi_value) -> napi::Result<sys::napi_value> {
+    unsafe {
+        let mut data = ptr::null_mut();
+        let (mut kind, mut length) = (0, 0);
+        let status = sys::napi_get_typedarray_info(
+            env,
+            end_values,
+            &mut kind,
+            &mut length,
+            &mut data,
+            ptr::null_mut(),
+            ptr::null_mut(),
+        );
+        if status != sys::Status::napi_ok || kind != sys::TypedarrayType::float64_array {
+            return Err(napi::Error::from_reason(
+                "init: endValues must be a Float64Array",
+            ));
+        }
+        // The array lives as long as the facade; a reference keeps it even so.
+        let mut keep = ptr::null_mut();
+        sys::napi_create_reference(env, end_values, 1, &mut keep);
+        END_VALUES.with(|e| e.set((data.cast(), length)));
+
+        let mut object = ptr::null_mut();
+        sys::napi_create_object(env, &mut object);
+        let entries: [(&std::ffi::CStr, sys::napi_callback); 3] = [
+            (c"acquireTtl", Some(acquire_ttl)),
+            (c"release", Some(release)),
+            (c"lockEnd", Some(lock_end)),
+        ];
+        for (name, cb) in entries {
+            let mut f = ptr::null_mut();
+            sys::napi_create_function(
+                env,
+                name.as_ptr(),
+                name.count_bytes() as isize,
+                cb,
+                ptr::null_mut(),
+                &mut f,
+            );
+            sys::napi_set_named_property(env, object, name.as_ptr(), f);
+        }
+        Ok(object)
+    }
+}
+
+/// Up to `N` arguments; missing ones are `undefined`.
+unsafe fn args<const N: usize>(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> [sys::napi_value; N] {
+    let mut argv = [ptr::null_mut(); N];
+    let mut argc = N;
+    sys::napi_get_cb_info(
+        env,
+        info,
+        &mut argc,
+        argv.as_mut_ptr(),
+        ptr::null_mut(),
+        ptr::null_mut(),
+    );
+    if argc < N {
+        let mut undefined = ptr::null_mut();
+        sys::napi_get_undefined(env, &mut undefined);
+        argv[argc..].iter_mut().for_each(|a| *a = undefined);
+    }
+    argv
+}
+
+unsafe fn number(env: sys::napi_env, v: sys::napi_value) -> f64 {
+    let mut n = f64::NAN;
+    sys::napi_get_value_double(env, v, &mut n);
+    n
+}
+
+unsafe fn boolean(env: sys::napi_env, v: sys::napi_value) -> bool {
+    let mut b = false;
+    sys::napi_get_value_bool(env, v, &mut b);
+    b
+}
+
+/// A JavaScript string; `None` for anything else.
+unsafe fn string(env: sys::napi_env, v: sys::napi_value) -> Option<String> {
+    // Keys are short: one call with a stack buffer, a second only for a long one.
+    let mut buf = [0u8; 256];
+    let mut len = 0;
+    let status =
+        sys::napi_get_value_string_utf8(env, v, buf.as_mut_ptr().cast(), buf.len(), &mut len);
+    if status != sys::Status::napi_ok {
+        return None;
+    }
+    if len < buf.len() - 1 {
+        return Some(String::from_utf8_lossy(&buf[..len]).into_owned());
+    }
+    sys::napi_get_value_string_utf8(env, v, ptr::null_mut(), 0, &mut len);
+    let mut long = vec![0u8; len + 1];
+    sys::napi_get_value_string_utf8(env, v, long.as_mut_ptr().cast(), long.len(), &mut len);
+    long.truncate(len);
+    Some(
+        String::from_utf8(long)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+    )
+}
+
+/// Runs `body`; a panic becomes a thrown error instead of unwinding into Node.
+unsafe fn guarded(env: sys::napi_env, body: impl FnOnce() -> sys::napi_value) -> sys::napi_value {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(panic) => {
+            let text = format!(
+                "panic in locco-rs: {}",
+                crate::executor::panic_message(panic)
+            );
+            let text = std::ffi::CString::new(text.replace('\0', " ")).unwrap_or_default();
+            sys::napi_throw_error(env, ptr::null(), text.as_ptr());
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `acquireTtl(lockerId, mode, key, ttl, opId)`.
+unsafe extern "C" fn acquire_ttl(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
+    guarded(env, || {
+        let [locker, mode, key, ttl, op] = args::<5>(env, info);
+        let Some(key) = string(env, key) else {
+            return ops::fail(Error::validation("key", "must be a non-empty string")).0;
+        };
+        let locker = number(env, locker) as u32;
+        let mode = number(env, mode) as u32;
+        registry::acquire_ttl(locker, mode, key, number(env, ttl), number(env, op)).0
+    })
+}
+
+/// `release(lockId, finalAttempt, opId)`.
+unsafe extern "C" fn release(env: sys::napi_env, info: sys::napi_callback_info) -> sys::napi_value {
+    guarded(env, || {
+        let [lock, final_attempt, op] = args::<3>(env, info);
+        registry::release(
+            number(env, lock),
+            boolean(env, final_attempt),
+            number(env, op),
+        )
+        .0
+    })
+}
+
+/// `lockEnd(lockId)`: the token of a cleanly released lock, which the engine then forgets
+/// (its held time, fence and ttl are in the facade's array); null for any other lock.
+unsafe extern "C" fn lock_end(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
+    guarded(env, || {
+        let [lock] = args::<1>(env, info);
+        let (data, len) = END_VALUES.with(Cell::get);
+        // SAFETY: the facade's Float64Array, kept alive by a reference, has `len` slots.
+        let out = if data.is_null() {
+            &mut [][..]
+        } else {
+            std::slice::from_raw_parts_mut(data, len)
+        };
+        let answer: Raw = match registry::lock_end(number(env, lock), out) {
+            Some(token) => Raw(crate::hub::string(&token)),
+            None => Raw(crate::hub::null()),
+        };
+        answer.0
+    })
+}
