@@ -203,6 +203,11 @@ impl Interest {
     }
 }
 
+/// Queued bytes are written early once there are this many, so the server works on the
+/// first part of a turn's requests while JavaScript makes the rest (on two cores, writing a
+/// whole turn at once left each side idle while the other worked: 1.5x against 2x ioredis).
+const EARLY_WRITE_BYTES: usize = 8 * 1024;
+
 /// One socket watched by a libuv poll handle. Reading stays watched for the socket's life (a
 /// Redis connection always has a reader); writing only while bytes wait for room.
 struct UvWatch {
@@ -224,7 +229,7 @@ impl SocketWatch for UvWatch {
             return Err(std::io::Error::new(*kind, text.clone()));
         }
         interest.unsent.extend_from_slice(bytes);
-        if now {
+        if now || interest.unsent.len() >= EARLY_WRITE_BYTES {
             interest.write_out(false);
         } else if !interest.queued {
             interest.queued = true;
