@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
-import { Locker, LockHeldError, ValidationError } from 'locco-rs';
+import { BackendError, Locker, LockHeldError, ValidationError } from 'locco-rs';
 import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
 import { freePort, makeTestCertificates, startRedis } from './support/servers.mjs';
 import { sleep, until } from './support/adapters.mjs';
@@ -47,6 +47,30 @@ describe('RedisAdapter faults', () => {
     } finally {
       redis.resume();
     }
+  });
+
+  it('a release to a stopped server fails with a timeout after commandTimeout, then reconnects', async () => {
+    const adapter = new RedisAdapter({ url: redis.url, commandTimeout: 400 });
+    const locker = new Locker({ adapter, retry: { retries: 0 } });
+    const lock = await locker.acquire('stalled', { ttl: 10_000 });
+    redis.pause();
+    let err;
+    const started = performance.now();
+    try {
+      err = await lock.release().catch((e) => e);
+    } finally {
+      redis.resume();
+    }
+    const took = performance.now() - started;
+    assert.ok(err instanceof BackendError, String(err));
+    assert.equal(err.kind, 'timeout');
+    assert.match(err.message, /commandTimeout/);
+    assert.ok(took >= 350 && took < 3000, `failed after ${took} ms`);
+    // A command that timed out may still run when the server wakes, so the retry may find
+    // the key gone; either way it answers, over a new connection.
+    assert.equal(typeof (await lock.release()), 'boolean');
+    const again = await locker.acquire('stalled', { ttl: 10_000, retry: { retries: 20, delay: 100 } });
+    assert.equal(await again.release(), true);
   });
 
   it('fencing tokens keep growing after FLUSHALL', async () => {

@@ -348,7 +348,10 @@ impl RedisBackend {
                 if lent.first_use() {
                     inner.check_eviction(&mut conn).await;
                 }
-                let answer = work(inner, conn).await;
+                let timeout_ms = inner.options.command_timeout_ms;
+                let answer = work(inner, conn)
+                    .await
+                    .map_err(|f| lent.explain(f, timeout_ms));
                 if let Err(f) = &answer {
                     if matches!(f.kind, BackendErrorKind::Io | BackendErrorKind::Timeout) {
                         link.reset(&lent);

@@ -102,6 +102,8 @@ struct Health {
     in_flight: Arc<AtomicUsize>,
     /// Whether an operation has used the connection yet.
     used: AtomicBool,
+    /// Whether the watchdog closed the connection for want of an answer.
+    timed_out: AtomicBool,
     /// When the connection last answered, or got busy after being idle.
     progress_ms: AtomicU64,
     ended: AtomicBool,
@@ -143,6 +145,7 @@ fn watch_over(health: Arc<Health>, timeout_ms: u64) {
             }
             let since = now_ms().saturating_sub(health.progress_ms.load(Ordering::Acquire));
             if health.in_flight.load(Ordering::Acquire) > 0 && since > timeout_ms {
+                health.timed_out.store(true, Ordering::Release);
                 let _ = health.sock.shutdown(std::net::Shutdown::Both);
                 return;
             }
@@ -286,6 +289,7 @@ impl Link {
             sock,
             in_flight,
             used: AtomicBool::new(false),
+            timed_out: AtomicBool::new(false),
             progress_ms: AtomicU64::new(now_ms()),
             ended: AtomicBool::new(false),
         });
@@ -303,6 +307,19 @@ impl Lent {
     /// True for the first operation on a new connection (which runs the connect checks).
     pub fn first_use(&self) -> bool {
         !self.health.used.swap(true, Ordering::AcqRel)
+    }
+
+    /// A failure on this connection as the caller should hear it: the watchdog closing a
+    /// connection that stopped answering is a timeout, whatever the socket then reported.
+    pub fn explain(&self, failure: Failure, timeout_ms: u64) -> Failure {
+        if self.health.timed_out.load(Ordering::Acquire) {
+            let message = format!(
+                "Redis did not answer within {timeout_ms} ms (commandTimeout); the connection \
+                 was closed and the next operation reconnects"
+            );
+            return Failure::new("redis", BackendErrorKind::Timeout, message);
+        }
+        failure
     }
 }
 
