@@ -288,7 +288,7 @@ class MutexManager {
       this._tokenChain = context.id;
       const attempt = this._locker.tryAcquire(key, { ttl, autoExtend });
       const first = await this._bounded(attempt, id, timeoutMs, requestTime, signal).catch((error) => {
-        attempt.then((late) => late?.release(), () => {});
+        attempt.then((late) => late?.release().catch(() => {}), () => {});
         throw error;
       });
       if (first || !waitIfLocked) return first;
@@ -359,7 +359,7 @@ class MutexManager {
         const attempt = this._locker.tryAcquire(key, { ttl, autoExtend });
         // A lock granted after the caller gave up is released, not leaked.
         const lock = await this._bounded(attempt, id, timeoutMs, requestTime, signal).catch((error) => {
-          attempt.then((late) => late?.release(), () => {});
+          attempt.then((late) => late?.release().catch(() => {}), () => {});
           throw error;
         });
         if (lock) return lock;
