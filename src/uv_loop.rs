@@ -144,11 +144,20 @@ unsafe fn start_flushing(lp: *mut c_void) -> napi::Result<()> {
 }
 
 unsafe extern "C" fn send_all(_: *mut c_void) {
-    let unsent = UNSENT.with(|u| std::mem::take(&mut *u.borrow_mut()));
-    for interest in unsent {
-        let interest = &mut *interest;
-        interest.queued = false;
-        interest.write_out(true);
+    // Tasks woken by a failed write may queue more requests; those leave now too, since the
+    // loop is about to wait. A few rounds at most: each needs another failure.
+    for _ in 0..8 {
+        let unsent = UNSENT.with(|u| std::mem::take(&mut *u.borrow_mut()));
+        let mut woke = false;
+        for interest in unsent {
+            let interest = &mut *interest;
+            interest.queued = false;
+            woke |= interest.write_out();
+        }
+        if !woke {
+            return;
+        }
+        run_woken_tasks();
     }
 }
 
@@ -168,8 +177,9 @@ struct Interest {
 
 impl Interest {
     /// Writes what it can; watches for writability while the socket buffer is full. A write
-    /// error wakes the reader; `from_loop` polls it at once (inside a drain, the drain does).
-    fn write_out(&mut self, from_loop: bool) {
+    /// error wakes the reader, and the answer is then true: the caller runs the woken tasks
+    /// once it no longer touches this socket (a task may drop it).
+    fn write_out(&mut self) -> bool {
         // SAFETY: the socket is open while its watch lives, and this borrow never closes it.
         let sock = ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(self.fd) });
         let mut sent = 0;
@@ -197,9 +207,7 @@ impl Interest {
             self.events = events;
             unsafe { uv_poll_start(self.handle, events, on_ready) };
         }
-        if woke && from_loop {
-            run_woken_tasks();
-        }
+        woke
     }
 }
 
@@ -230,7 +238,8 @@ impl SocketWatch for UvWatch {
         }
         interest.unsent.extend_from_slice(bytes);
         if now || interest.unsent.len() >= EARLY_WRITE_BYTES {
-            interest.write_out(false);
+            // Inside a drain: the reader a failure wakes is polled by that drain.
+            interest.write_out();
         } else if !interest.queued {
             interest.queued = true;
             UNSENT.with(|u| u.borrow_mut().push(self.interest));
@@ -306,11 +315,13 @@ unsafe extern "C" fn on_ready(handle: *mut c_void, status: c_int, events: c_int)
     } else {
         (events & UV_READABLE != 0, events & UV_WRITABLE != 0)
     };
-    if write {
-        interest.write_out(true);
-    }
+    let mut woke = write && interest.write_out();
     if let Some(w) = interest.readable.take().filter(|_| read) {
         w.wake();
+        woke = true;
+    }
+    // Last: a task may drop this socket's watch.
+    if woke {
         run_woken_tasks();
     }
 }
