@@ -73,6 +73,18 @@ describe('RedisAdapter faults', () => {
     assert.equal(await again.release(), true);
   });
 
+  it('matches every answer to its request when hundreds share the connection', async () => {
+    // 800 requests in one turn are written in several early 8 KiB batches.
+    const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), retry: { retries: 0 } });
+    const keys = Array.from({ length: 400 }, (_, i) => `crowd:${i}:${'x'.repeat(i % 50)}`);
+    const tries = await Promise.all(keys.flatMap((k) => [locker.tryAcquire(k, { ttl: 10_000 }), locker.tryAcquire(k, { ttl: 10_000 })]));
+    const won = tries.filter((l) => l !== null);
+    assert.equal(won.length, keys.length, 'exactly one grant per key');
+    assert.deepEqual(new Set(won.map((l) => l.key)), new Set(keys));
+    for (const lock of won.filter((_, i) => i % 40 === 0)) assert.equal(redis.cli('GET', lock.key), lock.token);
+    assert.deepEqual(await Promise.all(won.map((l) => l.release())), won.map(() => true));
+  });
+
   it('fencing tokens keep growing after FLUSHALL', async () => {
     const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), fencing: true });
     const first = await locker.acquire('fenced', { ttl: 5000 });
