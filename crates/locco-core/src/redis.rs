@@ -329,8 +329,7 @@ impl RedisBackend {
     }
 
     /// Runs `work` with the connection: on this thread when the event loop drives it,
-    /// otherwise on the I/O thread. A broken loop connection is dropped, and the next
-    /// operation connects again.
+    /// otherwise on the I/O thread.
     fn with_conn<T: Send + 'static, F>(
         &self,
         work: impl FnOnce(Arc<Inner>, Conn) -> F + Send + 'static,
@@ -348,16 +347,8 @@ impl RedisBackend {
                 if lent.first_use() {
                     inner.check_eviction(&mut conn).await;
                 }
-                let timeout_ms = inner.options.command_timeout_ms;
-                let answer = work(inner, conn)
-                    .await
-                    .map_err(|f| lent.explain(f, timeout_ms));
-                if let Err(f) = &answer {
-                    if matches!(f.kind, BackendErrorKind::Io | BackendErrorKind::Timeout) {
-                        link.reset(&lent);
-                    }
-                }
-                answer.map_err(Failure::into_error)
+                let answer = work(inner, conn).await;
+                answer.map_err(|f| link.failed(&lent, f).into_error())
             });
         }
         io::run("redis", move |_| async move {

@@ -233,8 +233,31 @@ impl Link {
         result.map(|c| lent(&c))
     }
 
-    /// Forgets the connection `lent` came from, after a failure on it.
-    pub fn reset(&self, lent: &Lent) {
+    /// A failure of an operation on `lent`, as the caller should hear it: the watchdog
+    /// closing a connection that stopped answering is a timeout, whatever the socket then
+    /// reported. After an I/O failure or a timeout the connection is forgotten, and the next
+    /// operation connects again.
+    pub fn failed(&self, lent: &Lent, failure: Failure) -> Failure {
+        let failure = if lent.health.timed_out.load(Ordering::Acquire) {
+            let message = format!(
+                "Redis did not answer within {} ms (commandTimeout); the connection was closed \
+                 and the next operation reconnects",
+                self.command_timeout_ms
+            );
+            Failure::new("redis", BackendErrorKind::Timeout, message)
+        } else {
+            failure
+        };
+        if matches!(
+            failure.kind,
+            BackendErrorKind::Io | BackendErrorKind::Timeout
+        ) {
+            self.reset(lent);
+        }
+        failure
+    }
+
+    fn reset(&self, lent: &Lent) {
         let mut state = self.state.borrow_mut();
         if matches!(&*state, State::Ready(c) if Arc::ptr_eq(&c.health, &lent.health)) {
             lent.health.end();
@@ -255,6 +278,7 @@ impl Link {
             return Err(Error::Internal("a loop link needs a TCP address".into()));
         };
         let timeout_ms = self.connect_timeout_ms;
+        let started = Instant::now();
         let sock = Arc::new(tcp_connect(host, port, timeout_ms).await?);
         let watch = self
             .host
@@ -274,7 +298,9 @@ impl Link {
             .set_response_timeout(None);
         let setup =
             MultiplexedConnection::new_with_config(self.info.redis_settings(), stream, config);
-        let deadline = io::sleep(Duration::from_millis(timeout_ms));
+        // The handshake (HELLO, AUTH) gets what is left of the connect timeout.
+        let deadline =
+            io::sleep(Duration::from_millis(timeout_ms).saturating_sub(started.elapsed()));
         let (conn, driver) = match first(setup, deadline).await {
             First::Left(r) => {
                 r.map_err(|e| crate::redis::failure_of(&self.secrets, e).into_error())?
@@ -307,19 +333,6 @@ impl Lent {
     /// True for the first operation on a new connection (which runs the connect checks).
     pub fn first_use(&self) -> bool {
         !self.health.used.swap(true, Ordering::AcqRel)
-    }
-
-    /// A failure on this connection as the caller should hear it: the watchdog closing a
-    /// connection that stopped answering is a timeout, whatever the socket then reported.
-    pub fn explain(&self, failure: Failure, timeout_ms: u64) -> Failure {
-        if self.health.timed_out.load(Ordering::Acquire) {
-            let message = format!(
-                "Redis did not answer within {timeout_ms} ms (commandTimeout); the connection \
-                 was closed and the next operation reconnects"
-            );
-            return Failure::new("redis", BackendErrorKind::Timeout, message);
-        }
-        failure
     }
 }
 
