@@ -26,7 +26,7 @@ const NATIVE_DELAY = Symbol('locco-rs.delayId');
 // registering every lock a sixth of the cost of a contended acquisition. So new locks wait in
 // a small batch, and only those still unreleased when it is full (or on the next turn of the
 // event loop) are registered; a cleanly released lock is forgotten by the engine at once
-// (see `Lock._forget`).
+// (see `Lock._forget`), and unregistered if it was registered, so it can die young too.
 let forgotten = [];
 const forget = new FinalizationRegistry((id) => {
   if (forgotten.push(id) === 1) {
@@ -44,7 +44,12 @@ let nextTurnCheck = false;
 function registerUnreleased() {
   const locks = recentLocks;
   recentLocks = [];
-  for (const lock of locks) if (lock._end === undefined) forget.register(lock, lock._id);
+  for (const lock of locks) {
+    if (lock._end === undefined) {
+      lock._registered = true;
+      forget.register(lock, lock._id, lock);
+    }
+  }
 }
 
 function isObject(v) {
@@ -141,6 +146,7 @@ class Lock {
     this._key = key;
     // Set once the engine has forgotten the lock: { token, heldMs, fence, ttl }.
     this._end = undefined;
+    this._registered = false;
     if (recentLocks.push(this) === RECENT_BATCH) registerUnreleased();
     else if (!nextTurnCheck) {
       nextTurnCheck = true;
@@ -227,6 +233,7 @@ class Lock {
     if (token === null || token === undefined) return;
     const fence = endValues[1];
     this._end = { token, heldMs: endValues[0], fence: Number.isNaN(fence) ? undefined : fence, ttl: endValues[2] };
+    if (this._registered) forget.unregister(this);
   }
 
   /** A new lease of `ttl` ms from now, clamped to the hold deadline. */
