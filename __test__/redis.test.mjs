@@ -85,6 +85,16 @@ describe('RedisAdapter faults', () => {
     assert.deepEqual(await Promise.all(won.map((l) => l.release())), won.map(() => true));
   });
 
+  it('writes a burst larger than the socket buffer, waiting for room', async () => {
+    // About 18 MB of requests in one turn: more than the kernel takes at once.
+    const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), retry: { retries: 0 } });
+    const keys = Array.from({ length: 6000 }, (_, i) => `burst:${i}:${'k'.repeat(3000)}`);
+    const locks = await Promise.all(keys.map((k) => locker.tryAcquire(k, { ttl: 30_000 })));
+    assert.equal(locks.filter((l) => l !== null).length, keys.length);
+    const released = await Promise.all(locks.map((l) => l.release()));
+    assert.equal(released.filter(Boolean).length, keys.length);
+  });
+
   it('fencing tokens keep growing after FLUSHALL', async () => {
     const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), fencing: true });
     const first = await locker.acquire('fenced', { ttl: 5000 });
