@@ -1,8 +1,9 @@
 //! The engine's [`EventLoop`] over libuv: Node's own loop reports when a socket is ready, so a
 //! Redis round trip needs no thread besides the JavaScript one, as with a JavaScript client.
 //!
-//! Writes are queued and leave in one `send` per socket just before libuv waits for events
-//! (a prepare handle): the requests that one turn of the loop makes share a write.
+//! Writes are queued and leave just before libuv waits for events (a prepare handle), or
+//! earlier once a batch is large: the requests that one turn of the loop makes share a few
+//! `send`s. A lone request leaves at once.
 //!
 //! Node exports libuv's functions to addons; they resolve when the addon loads.
 
@@ -22,16 +23,17 @@ use napi::sys;
 use crate::{executor, hub};
 
 type PollCb = unsafe extern "C" fn(handle: *mut c_void, status: c_int, events: c_int);
-type CloseCb = unsafe extern "C" fn(handle: *mut c_void);
+/// A close callback, or a prepare handle's callback: both get only the handle.
+type HandleCb = unsafe extern "C" fn(handle: *mut c_void);
 
 extern "C" {
     fn uv_handle_size(kind: c_int) -> usize;
     fn uv_poll_init_socket(lp: *mut c_void, handle: *mut c_void, socket: c_int) -> c_int;
     fn uv_poll_start(handle: *mut c_void, events: c_int, cb: PollCb) -> c_int;
-    fn uv_close(handle: *mut c_void, cb: CloseCb);
+    fn uv_close(handle: *mut c_void, cb: HandleCb);
     fn uv_unref(handle: *mut c_void);
     fn uv_prepare_init(lp: *mut c_void, handle: *mut c_void) -> c_int;
-    fn uv_prepare_start(handle: *mut c_void, cb: CloseCb) -> c_int;
+    fn uv_prepare_start(handle: *mut c_void, cb: HandleCb) -> c_int;
     fn uv_strerror(err: c_int) -> *const std::os::raw::c_char;
 }
 
@@ -44,7 +46,8 @@ thread_local! {
     /// The async context that callbacks from libuv run JavaScript in (so promise reactions
     /// run before control returns to the loop).
     static ASYNC_CONTEXT: Cell<sys::napi_async_context> = const { Cell::new(ptr::null_mut()) };
-    /// The poll handles open on this thread's loop, which must be closed before the loop is.
+    /// The handles (poll and prepare) open on this thread's loop, which must be closed before
+    /// the loop is.
     static OPEN: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     /// Handles still closing at teardown, and how to tell Node when none are left.
     static CLOSING: Cell<(usize, sys::napi_async_cleanup_hook_handle)> =
@@ -185,7 +188,11 @@ impl Interest {
         let mut sent = 0;
         let mut woke = false;
         while sent < self.unsent.len() {
-            match (&*sock).write(&self.unsent[sent..]) {
+            let written = match (&*sock).write(&self.unsent[sent..]) {
+                Ok(0) => Err(std::io::ErrorKind::WriteZero.into()),
+                other => other,
+            };
+            match written {
                 Ok(n) => sent += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -270,7 +277,7 @@ impl Drop for UvWatch {
 }
 
 /// Closes a handle (which stops it) so that no later callback finds its data.
-unsafe fn stop_and_close(handle: *mut c_void, cb: CloseCb) {
+unsafe fn stop_and_close(handle: *mut c_void, cb: HandleCb) {
     *(handle as *mut *mut c_void) = ptr::null_mut();
     uv_close(handle, cb);
 }
