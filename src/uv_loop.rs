@@ -146,14 +146,26 @@ unsafe fn start_flushing(lp: *mut c_void) -> napi::Result<()> {
     Ok(())
 }
 
+/// Runs a libuv callback's body; a panic must not unwind into libuv (it would abort the
+/// process). What it interrupted fails later, by the command timeout.
+fn shielded(body: impl FnOnce()) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+}
+
 unsafe extern "C" fn send_all(_: *mut c_void) {
+    shielded(|| send_queued());
+}
+
+fn send_queued() {
     // Tasks woken by a failed write may queue more requests; those leave now too, since the
     // loop is about to wait. A few rounds at most: each needs another failure.
     for _ in 0..8 {
         let unsent = UNSENT.with(|u| std::mem::take(&mut *u.borrow_mut()));
         let mut woke = false;
         for interest in unsent {
-            let interest = &mut *interest;
+            // SAFETY: a queued socket's interest lives until its watch drops, which takes it
+            // out of `UNSENT`; no task runs in this loop.
+            let interest = unsafe { &mut *interest };
             interest.queued = false;
             woke |= interest.write_out();
         }
@@ -310,6 +322,12 @@ unsafe extern "C" fn on_closed_at_teardown(handle: *mut c_void) {
 }
 
 unsafe extern "C" fn on_ready(handle: *mut c_void, status: c_int, events: c_int) {
+    shielded(|| unsafe { ready(handle, status, events) });
+}
+
+/// # Safety
+/// `handle` is a poll handle of this module, whose data is its `Interest` or null.
+unsafe fn ready(handle: *mut c_void, status: c_int, events: c_int) {
     // `data` is the first field of every libuv handle.
     let interest = *(handle as *mut *mut Interest);
     if interest.is_null() {
