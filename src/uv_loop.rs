@@ -153,7 +153,7 @@ fn shielded(body: impl FnOnce()) {
 }
 
 unsafe extern "C" fn send_all(_: *mut c_void) {
-    shielded(|| send_queued());
+    shielded(send_queued);
 }
 
 fn send_queued() {
