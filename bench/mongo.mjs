@@ -5,7 +5,7 @@ import { randomBytes } from 'node:crypto';
 import { MongoClient } from 'mongodb';
 import { Locker } from '../index.mjs';
 import { MongoAdapter } from '../mongo.mjs';
-import { comparePairs, lockerPairs } from './pairs.mjs';
+import { runBackendBench } from './pairs.mjs';
 import { startMongo } from '../__test__/support/servers.mjs';
 
 const W1_PAIRS = Number(process.env.W1_PAIRS ?? 1_000);
@@ -44,14 +44,14 @@ async function floor(url) {
 const server = await startMongo();
 const peer = await floor(server.url);
 const adapter = new MongoAdapter({ url: server.url, dbName: 'bench' });
-await comparePairs({
-  ours: lockerPairs(Locker, adapter, TTL),
-  floor: peer,
+await runBackendBench({
+  Locker,
+  adapter,
+  peer,
+  server,
+  ttl: TTL,
   floorName: 'mongodb',
   w1Pairs: W1_PAIRS,
   w2Workers: W2_WORKERS,
   w2Seconds: W2_SECONDS,
 });
-await peer.close();
-await adapter.close();
-await server.dispose();

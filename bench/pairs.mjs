@@ -38,7 +38,7 @@ async function w2(impl, tag, workers, seconds) {
  * Runs W1 and W2 for `ours` and the `floor` (each `{ pair(key) }`), prints pairs/s, p50/p99
  * and the ratios, and answers `{ w1Ratio, w2Ratio }`.
  */
-export async function comparePairs({ ours, floor, floorName, w1Pairs, w2Workers, w2Seconds, runs = 3 }) {
+async function comparePairs({ ours, floor, floorName, w1Pairs, w2Workers, w2Seconds, runs = 3 }) {
   await w1(floor, 'warm-f', Math.min(w1Pairs, 500));
   await w1(ours, 'warm-o', Math.min(w1Pairs, 500));
   const results = { w1: { ours: [], floor: [] }, w2: { ours: [], floor: [] } };
@@ -71,7 +71,7 @@ export async function comparePairs({ ours, floor, floorName, w1Pairs, w2Workers,
 }
 
 /** The Locker side of a benchmark: acquire then release, no retries (keys are distinct). */
-export function lockerPairs(Locker, adapter, ttl) {
+function lockerPairs(Locker, adapter, ttl) {
   const locker = new Locker({ adapter, retry: { retries: 0 } });
   return {
     async pair(key) {
@@ -79,4 +79,18 @@ export function lockerPairs(Locker, adapter, ttl) {
       await lock.release();
     },
   };
+}
+
+/**
+ * The whole backend benchmark after set-up: compares the Locker over `adapter` with `peer`,
+ * then closes both and stops the server.
+ */
+export async function runBackendBench({ Locker, adapter, peer, server, ttl, ...shape }) {
+  try {
+    return await comparePairs({ ours: lockerPairs(Locker, adapter, ttl), floor: peer, ...shape });
+  } finally {
+    await peer.close();
+    await adapter.close();
+    await server.dispose();
+  }
 }

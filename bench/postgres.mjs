@@ -5,7 +5,7 @@
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { Locker } from '../index.mjs';
-import { comparePairs, lockerPairs } from './pairs.mjs';
+import { runBackendBench } from './pairs.mjs';
 import { PostgresAdapter } from '../postgres.mjs';
 import { startPostgres } from '../__test__/support/servers.mjs';
 
@@ -49,14 +49,14 @@ const server = await startPostgres();
 const peer = floor(server.url);
 const adapter = new PostgresAdapter({ url: server.url, poolSize: POOL });
 await peer.setup();
-await comparePairs({
-  ours: lockerPairs(Locker, adapter, TTL),
-  floor: peer,
+await runBackendBench({
+  Locker,
+  adapter,
+  peer,
+  server,
+  ttl: TTL,
   floorName: 'pg',
   w1Pairs: W1_PAIRS,
   w2Workers: W2_WORKERS,
   w2Seconds: W2_SECONDS,
 });
-await peer.close();
-await adapter.close();
-await server.dispose();

@@ -5,7 +5,7 @@
 import { randomBytes } from 'node:crypto';
 import Redis from 'ioredis';
 import { Locker } from '../index.mjs';
-import { comparePairs, lockerPairs } from './pairs.mjs';
+import { runBackendBench } from './pairs.mjs';
 import { RedisAdapter } from '../redis.mjs';
 import { startRedis } from '../__test__/support/servers.mjs';
 
@@ -38,14 +38,14 @@ function floor(url) {
 const server = await startRedis();
 const peer = floor(server.url);
 const adapter = new RedisAdapter({ url: server.url });
-await comparePairs({
-  ours: lockerPairs(Locker, adapter, TTL),
-  floor: peer,
+await runBackendBench({
+  Locker,
+  adapter,
+  peer,
+  server,
+  ttl: TTL,
   floorName: 'ioredis',
   w1Pairs: W1_PAIRS,
   w2Workers: W2_WORKERS,
   w2Seconds: W2_SECONDS,
 });
-await peer.close();
-await adapter.close();
-await server.dispose();

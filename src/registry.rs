@@ -172,20 +172,30 @@ pub fn create_redis_adapter(
     })())
 }
 
-fn redis_backend(adapter_id: u32) -> Option<RedisBackend> {
-    REG.with(|r| match r.borrow().adapters.get(&adapter_id) {
-        Some(Adapter::Redis(b)) => Some(b.inner().clone()),
-        _ => None,
-    })
+/// The backend of adapter `adapter_id` when `pick` accepts its kind; otherwise the failure
+/// to answer, naming `kind`.
+fn backend_of<T>(
+    adapter_id: u32,
+    kind: &str,
+    pick: impl FnOnce(&Adapter) -> Option<T>,
+) -> Result<T, Raw> {
+    REG.with(|r| r.borrow().adapters.get(&adapter_id).and_then(pick))
+        .ok_or_else(|| {
+            ops::fail(Error::Internal(format!(
+                "unknown {kind} adapter {adapter_id}"
+            )))
+        })
 }
 
 /// Connects a Redis adapter; answers the warning found at connect, or null.
 #[napi(catch_unwind)]
 pub fn redis_connect(adapter_id: u32, op_id: f64) -> Raw {
-    let Some(backend) = redis_backend(adapter_id) else {
-        return ops::fail(Error::Internal(format!(
-            "unknown Redis adapter {adapter_id}"
-        )));
+    let backend = match backend_of(adapter_id, "Redis", |a| match a {
+        Adapter::Redis(b) => Some(b.inner().clone()),
+        _ => None,
+    }) {
+        Ok(b) => b,
+        Err(failed) => return failed,
     };
     let op = backend.connect();
     ops::run(op_id, async move {
@@ -223,20 +233,15 @@ pub fn create_postgres_adapter(
     })())
 }
 
-fn postgres_backend(adapter_id: u32) -> Option<PostgresBackend> {
-    REG.with(|r| match r.borrow().adapters.get(&adapter_id) {
-        Some(Adapter::Postgres(b)) => Some(b.inner().clone()),
-        _ => None,
-    })
-}
-
 /// Deletes expired rows; answers how many.
 #[napi(catch_unwind)]
 pub fn postgres_sweep(adapter_id: u32, op_id: f64) -> Raw {
-    let Some(backend) = postgres_backend(adapter_id) else {
-        return ops::fail(Error::Internal(format!(
-            "unknown Postgres adapter {adapter_id}"
-        )));
+    let backend = match backend_of(adapter_id, "Postgres", |a| match a {
+        Adapter::Postgres(b) => Some(b.inner().clone()),
+        _ => None,
+    }) {
+        Ok(b) => b,
+        Err(failed) => return failed,
     };
     let op = backend.sweep_expired();
     ops::run(op_id, async move { Ok(Answer::Number(op.await? as f64)) })
