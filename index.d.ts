@@ -1,4 +1,36 @@
-/** A backend. Built-in adapters come from `locco-rs/memory`; any object with these methods works. */
+/**
+ * A backend. Built-in adapters come from `locco-rs/memory`, `locco-rs/redis`, `locco-rs/postgres`
+ * and `locco-rs/mongo`; any object with these methods works. Each method answers `true` only when
+ * the operation applied to the key carrying `token`.
+ *
+ * @example
+ * ```ts
+ * const keys = new Map<string, { token: string; until: number }>();
+ * const live = (key: string, token: string) => {
+ *   const entry = keys.get(key);
+ *   return entry !== undefined && entry.token === token && entry.until > Date.now();
+ * };
+ * const adapter: LockAdapter = {
+ *   async acquire({ key, token, ttl }) {
+ *     const entry = keys.get(key);
+ *     if (entry && entry.until > Date.now()) return false;
+ *     keys.set(key, { token, until: Date.now() + ttl });
+ *     return true;
+ *   },
+ *   async release({ key, token }) {
+ *     return live(key, token) && keys.delete(key);
+ *   },
+ *   async extend({ key, token, ttl }) {
+ *     if (!live(key, token)) return false;
+ *     keys.set(key, { token, until: Date.now() + ttl });
+ *     return true;
+ *   },
+ *   async isHeld({ key, token }) {
+ *     return live(key, token);
+ *   },
+ * };
+ * ```
+ */
 export interface LockAdapter {
   /** Sets key = token with a lease of ttl ms when the key is free or expired. */
   acquire(input: { key: string; token: string; ttl: number }): Promise<boolean>;
@@ -130,15 +162,73 @@ export declare class LockSet implements AsyncDisposable {
   [Symbol.asyncDispose](): Promise<void>;
 }
 
+/**
+ * Takes leases on keys of one backend.
+ *
+ * @example
+ * ```ts
+ * import { Locker } from 'locco-rs';
+ * import { InMemoryAdapter } from 'locco-rs/memory';
+ *
+ * const locker = new Locker({
+ *   adapter: new InMemoryAdapter(),
+ *   keyPrefix: 'billing:',
+ *   retry: { retries: 5, delay: 100 },
+ *   onEvent: (event) => console.log(event.type, event.key),
+ * });
+ * ```
+ */
 export declare class Locker {
   constructor(options: LockerOptions);
-  /** Acquires key, retrying while another holder has it. Rejects with LockHeldError when the budget runs out. */
+  /**
+   * Acquires key, retrying while another holder has it. Rejects with LockHeldError when the
+   * budget runs out, and with `signal.reason` when `signal` aborts first.
+   *
+   * @example
+   * ```ts
+   * await using lock = await locker.acquire('invoice:42', { ttl: 10_000 });
+   * await sendInvoice(42, { signal: lock.signal }); // released when the block ends
+   * ```
+   */
   acquire(key: string, options: AcquireOptions): Promise<Lock>;
-  /** One attempt: the lock, or null when another holder has the key. */
+  /**
+   * One attempt: the lock, or null when another holder has the key.
+   *
+   * @example
+   * ```ts
+   * const lock = await locker.tryAcquire('cron:cleanup', { ttl: 60_000 });
+   * if (lock !== null) {
+   *   try {
+   *     await cleanup();
+   *   } finally {
+   *     await lock.release();
+   *   }
+   * }
+   * ```
+   */
   tryAcquire(key: string, options: TryAcquireOptions): Promise<Lock | null>;
-  /** Acquires, runs fn, releases. */
+  /**
+   * Acquires, runs fn, releases (also when fn throws). Rejects with LockLostError when fn
+   * finished but the lease did not survive it.
+   *
+   * @example
+   * ```ts
+   * const total = await locker.withLock(
+   *   'report',
+   *   { ttl: 30_000, autoExtend: { maxHold: 10 * 60_000 } },
+   *   async (lock) => buildReport({ signal: lock.signal }),
+   * );
+   * ```
+   */
   withLock<T>(key: string, options: AcquireOptions, fn: (lock: Lock) => T | Promise<T>): Promise<T>;
-  /** Acquires every key in sorted order; one timeout budget, retries per key. */
+  /**
+   * Acquires every key in sorted order; one timeout budget, retries per key.
+   *
+   * @example
+   * ```ts
+   * await using both = await locker.acquireMany(['account:1', 'account:2'], { ttl: 10_000 });
+   * ```
+   */
   acquireMany(keys: readonly string[], options: AcquireOptions): Promise<LockSet>;
 }
 

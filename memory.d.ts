@@ -1,6 +1,16 @@
 import type { LockAdapter } from './index.js';
 
-/** Locks in this process's memory. Waiters are woken in arrival order on release. */
+/**
+ * Locks in this process's memory. Waiters are woken in arrival order on release.
+ *
+ * @example
+ * ```ts
+ * import { Locker } from 'locco-rs';
+ * import { InMemoryAdapter } from 'locco-rs/memory';
+ *
+ * const locker = new Locker({ adapter: new InMemoryAdapter() });
+ * ```
+ */
 export declare class InMemoryAdapter implements LockAdapter {
   /** `now`: the backend's clock in ms (default: the monotonic clock). */
   constructor(options?: { now?: () => number });

@@ -15,7 +15,18 @@ export interface MongoAdapterOptions {
   connectTimeout?: number;
 }
 
-/** Locks in a MongoDB collection; the engine owns the client. */
+/**
+ * Locks in a MongoDB collection; the engine owns the client.
+ *
+ * @example
+ * ```ts
+ * import { Locker } from 'locco-rs';
+ * import { MongoAdapter } from 'locco-rs/mongo';
+ *
+ * await using adapter = new MongoAdapter({ url: 'mongodb://127.0.0.1:27017/?replicaSet=rs0', dbName: 'app' });
+ * const locker = new Locker({ adapter });
+ * ```
+ */
 export declare class MongoAdapter implements LockAdapter, AsyncDisposable {
   constructor(options: MongoAdapterOptions);
   acquire(input: { key: string; token: string; ttl: number }): Promise<boolean>;

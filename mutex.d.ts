@@ -20,16 +20,34 @@ export interface MutexManagerOptions {
   coordinationFailureMode?: 'strict' | 'best-effort';
 }
 
-export interface MutexOperationContext {
+/** Options of a manager that locks across processes: an adapter, or Redis connection options. */
+export type DistributedMutexManagerOptions = MutexManagerOptions &
+  ({ adapter: LockAdapter; redis?: undefined } | { redis: { url?: string; urls?: string | string[] }; adapter?: undefined });
+
+/** Options of a manager that serialises in this process only. */
+export type LocalMutexManagerOptions = MutexManagerOptions & { adapter?: undefined; redis?: undefined };
+
+interface MutexOperationBase {
   requestTime: number;
   startTime: number;
   currentMutex: { id: string; queueSize: number; isLocked: boolean };
   heldMutexIds: ReadonlySet<string>;
   contextToken: MutexRunContext;
+  /** Aborts when the operation is aborted or, on a distributed manager, when the lease is lost. */
   abortSignal: AbortSignal;
-  /** Distributed only: throws LockExtensionError once the lease is lost. */
-  assertLock?: () => void;
 }
+
+/**
+ * What an operation's callback receives. `Distributed` is true for a manager built with an
+ * adapter or `redis` options: only those callbacks get `assertLock`.
+ */
+export type MutexOperationContext<Distributed extends boolean = boolean> = MutexOperationBase &
+  (Distributed extends true
+    ? {
+        /** Throws LockExtensionError once the lease behind the mutex is lost. */
+        assertLock: () => void;
+      }
+    : { assertLock?: undefined });
 
 export interface RunOperationOptions {
   /** Default true. false: resolve undefined without running when the mutex is taken. */
@@ -41,14 +59,65 @@ export interface RunOperationOptions {
   onAbort?: (abort: (reason?: unknown) => void) => void;
 }
 
-export declare class MutexManager {
-  constructor(options?: MutexManagerOptions);
-  runOperation<T>(id: string, operation: (ctx: MutexOperationContext) => T | Promise<T>, options?: RunOperationOptions): Promise<T | undefined>;
+/** A MutexManager; `Distributed` says whether it locks across processes (see the constructor). */
+export interface MutexManager<Distributed extends boolean = boolean> {
+  /**
+   * Runs `operation` under mutex `id`: FIFO per id, re-entrant within one async call chain.
+   * Resolves with what the operation returns; with `waitIfLocked: false`, resolves `undefined`
+   * without running it when the mutex is taken.
+   *
+   * @example
+   * ```ts
+   * const balance = await mutexes.runOperation('account:7', async ({ abortSignal }) => {
+   *   return applyPayment(7, { signal: abortSignal });
+   * }, { timeoutMs: 5_000 });
+   *
+   * const maybe = await mutexes.runOperation('account:7', () => 1, { waitIfLocked: false }); // number | undefined
+   * ```
+   */
+  runOperation<T>(
+    id: string,
+    operation: (ctx: MutexOperationContext<Distributed>) => T | Promise<T>,
+    options?: RunOperationOptions & { waitIfLocked?: true },
+  ): Promise<T>;
+  runOperation<T>(
+    id: string,
+    operation: (ctx: MutexOperationContext<Distributed>) => T | Promise<T>,
+    options?: RunOperationOptions,
+  ): Promise<T | undefined>;
   createContext(): MutexRunContext;
   getCurrentContext(): MutexRunContext | undefined;
   isAsyncContextTrackingSupported(): boolean;
+  /** Closes what the manager made itself (the Redis connection of `redis` options). */
   dispose(): Promise<void>;
 }
+
+/**
+ * Serialises operations per id: in this process without options, across processes with an
+ * adapter or `redis` options.
+ *
+ * @example
+ * ```ts
+ * import { MutexManager } from 'locco-rs/mutex';
+ * import { RedisAdapter } from 'locco-rs/redis';
+ *
+ * const local = new MutexManager();
+ * await local.runOperation('user:1', async () => updateProfile(1));
+ *
+ * await using adapter = new RedisAdapter({ url: 'redis://127.0.0.1:6379' });
+ * const shared = new MutexManager({ adapter, namespace: 'payments' });
+ * await shared.runOperation('user:1', async ({ assertLock, abortSignal }) => {
+ *   assertLock(); // throws LockExtensionError once the lease is lost
+ *   await chargeCard(1, { signal: abortSignal });
+ * });
+ * ```
+ */
+export declare const MutexManager: {
+  new (options: DistributedMutexManagerOptions): MutexManager<true>;
+  new (options?: LocalMutexManagerOptions): MutexManager<false>;
+  new (options?: MutexManagerOptions): MutexManager<boolean>;
+  readonly prototype: MutexManager;
+};
 
 export declare class MutexTimeoutError extends LoccoError {
   readonly code: 'MUTEX_TIMEOUT';

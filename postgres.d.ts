@@ -15,7 +15,18 @@ export interface PostgresAdapterOptions {
   tls?: { ca?: string | Uint8Array };
 }
 
-/** Locks in a PostgreSQL table; the engine owns the pool. */
+/**
+ * Locks in a PostgreSQL table; the engine owns the pool.
+ *
+ * @example
+ * ```ts
+ * import { Locker } from 'locco-rs';
+ * import { PostgresAdapter } from 'locco-rs/postgres';
+ *
+ * await using adapter = new PostgresAdapter({ url: 'postgres://app:secret@127.0.0.1:5432/app' });
+ * const locker = new Locker({ adapter, fencing: true });
+ * ```
+ */
 export declare class PostgresAdapter implements LockAdapter, AsyncDisposable {
   constructor(options: PostgresAdapterOptions);
   acquire(input: { key: string; token: string; ttl: number }): Promise<boolean>;

@@ -17,7 +17,18 @@ export interface RedisAdapterOptions {
   tls?: { ca?: string | Uint8Array };
 }
 
-/** Locks in Redis or Valkey; the engine owns the connections. */
+/**
+ * Locks in Redis or Valkey; the engine owns the connections.
+ *
+ * @example
+ * ```ts
+ * import { Locker } from 'locco-rs';
+ * import { RedisAdapter } from 'locco-rs/redis';
+ *
+ * await using adapter = new RedisAdapter({ url: process.env.REDIS_URL ?? 'redis://127.0.0.1:6379' });
+ * const locker = new Locker({ adapter });
+ * ```
+ */
 export declare class RedisAdapter implements LockAdapter, AsyncDisposable {
   constructor(options: RedisAdapterOptions);
   acquire(input: { key: string; token: string; ttl: number }): Promise<boolean>;

@@ -10,6 +10,14 @@ export interface ContractRunner {
 /**
  * Registers the adapter contract suite under node:test or vitest (found on its own), or
  * under the runner you pass.
+ *
+ * @example
+ * ```ts
+ * import { runLockAdapterContract } from 'locco-rs/testing';
+ * import { InMemoryAdapter } from 'locco-rs/memory';
+ *
+ * runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
+ * ```
  */
 export declare function runLockAdapterContract(
   name: string,

@@ -1,16 +1,49 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { it } from 'node:test';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, it } from 'node:test';
 
 const require = createRequire(import.meta.url);
+const root = new URL('..', import.meta.url).pathname;
 const project = new URL('./types/tsconfig.json', import.meta.url).pathname;
 
+// sample.ts is the CommonJS view (require conditions, .d.ts), esm.mts the ESM view (.d.mts).
 for (const pkg of ['typescript-5.2', 'typescript']) {
   const { version } = require(`${pkg}/package.json`);
-  it(`the declarations compile with TypeScript ${version}`, () => {
+  it(`the declarations compile with TypeScript ${version}, from CommonJS and from ESM`, () => {
     const tsc = require.resolve(`${pkg}/bin/tsc`);
     const r = spawnSync(process.execPath, [tsc, '-p', project], { encoding: 'utf8' });
     assert.equal(r.status, 0, r.stdout + r.stderr);
   });
 }
+
+const packDir = mkdtempSync(join(tmpdir(), 'locco-attw-'));
+after(() => rmSync(packDir, { recursive: true, force: true }));
+
+it('arethetypeswrong finds no problem in the packed tarball', () => {
+  const pack = spawnSync('npm', ['pack', '--json', '--pack-destination', packDir], { cwd: root, encoding: 'utf8' });
+  assert.equal(pack.status, 0, pack.stderr);
+  const [{ filename }] = JSON.parse(pack.stdout);
+  const attw = require.resolve('@arethetypeswrong/cli/package.json').replace(/package\.json$/, 'dist/index.js');
+  const r = spawnSync(process.execPath, [attw, join(packDir, filename), '--format', 'json'], {
+    encoding: 'utf8',
+    maxBuffer: 64 * 1024 * 1024,
+  });
+  const report = JSON.parse(r.stdout);
+  const entrypoints = Object.keys(report.analysis.entrypoints).sort();
+  assert.deepEqual(entrypoints, ['.', './memory', './mongo', './mutex', './package.json', './postgres', './redis', './testing']);
+  const problems = Object.values(report.problems ?? {}).flat();
+  assert.deepEqual(
+    problems.map((p) => `${p.kind} ${p.entrypoint ?? ''} ${p.resolutionKind ?? ''}`),
+    [],
+    'attw problems',
+  );
+  assert.equal(r.status, 0, r.stderr);
+  // ESM consumers get the .d.mts types, CommonJS consumers the .d.ts ones.
+  const res = report.analysis.entrypoints['.'].resolutions;
+  assert.match(res['node16-esm'].resolution.fileName, /index\.d\.mts$/);
+  assert.match(res['node16-cjs'].resolution.fileName, /index\.d\.ts$/);
+});

@@ -116,10 +116,19 @@ export async function mongo(): Promise<string> {
 export async function mutex(): Promise<number | undefined> {
   const m = new MutexManager({ adapter: new InMemoryAdapter(), namespace: 'app', lockTTL: 10_000 });
   try {
-    return await m.runOperation('id', async (ctx: MutexOperationContext) => ctx.heldMutexIds.size, {
+    // Waiting (the default) always runs the operation: its result, never undefined.
+    const size: number = await m.runOperation('id', async (ctx: MutexOperationContext) => ctx.heldMutexIds.size, {
       timeoutMs: 100,
       context: m.createContext(),
     });
+    const waited: string = await m.runOperation('id', () => 'ran', { waitIfLocked: true });
+    // @ts-expect-error waitIfLocked: false may resolve undefined
+    const skipped: number = await m.runOperation('id', () => 1, { waitIfLocked: false });
+    const maybe: number | undefined = await m.runOperation('id', () => 1, { waitIfLocked: Math.random() > 0.5 });
+    // A distributed manager's callback always gets assertLock.
+    await m.runOperation('id', ({ assertLock }) => assertLock());
+    void [waited, skipped, maybe];
+    return size;
   } catch (e) {
     if (e instanceof MutexDeadlockError) console.log(e.cycle);
     if (e instanceof MutexTimeoutError) console.log(e.timeoutMs);
@@ -127,4 +136,17 @@ export async function mutex(): Promise<number | undefined> {
   } finally {
     await m.dispose();
   }
+}
+
+export async function localMutex(): Promise<void> {
+  const local = new MutexManager();
+  const shared = new MutexManager({ redis: { url: 'redis://127.0.0.1:6379' } });
+  await local.runOperation('id', (ctx) => {
+    // @ts-expect-error a local manager has no lease to assert
+    ctx.assertLock();
+  });
+  await shared.runOperation('id', (ctx) => ctx.assertLock());
+  const anyManager: MutexManager = Math.random() > 0.5 ? local : shared;
+  await anyManager.runOperation('id', (ctx) => ctx.assertLock?.());
+  await shared.dispose();
 }
