@@ -407,7 +407,14 @@ class Locker {
       Promise.resolve(r).then(
         (v) => {
           done();
-          resolve(v);
+          if (!signal.aborted) return resolve(v);
+          // Granted before the engine heard of the abort, but the caller has already been
+          // told "aborted": nobody will ever hold this lock, so give it back now.
+          for (const id of Array.isArray(v) ? v : [v]) {
+            const opId = nextOpId();
+            const forget = () => native.dropLocks([id]);
+            Promise.resolve(answer(fast.release(id, true, opId), opId)).then(forget, forget);
+          }
         },
         (e) => {
           done();

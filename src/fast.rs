@@ -7,7 +7,6 @@ use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
-use locco_core::Error;
 use napi::sys;
 
 use crate::ops::{self, Raw};
@@ -101,29 +100,6 @@ unsafe fn boolean(env: sys::napi_env, v: sys::napi_value) -> bool {
     b
 }
 
-/// A JavaScript string; `None` for anything else.
-unsafe fn string(env: sys::napi_env, v: sys::napi_value) -> Option<String> {
-    // Keys are short: one call with a stack buffer, a second only for a long one.
-    let mut buf = [0u8; 256];
-    let mut len = 0;
-    let status =
-        sys::napi_get_value_string_utf8(env, v, buf.as_mut_ptr().cast(), buf.len(), &mut len);
-    if status != sys::Status::napi_ok {
-        return None;
-    }
-    if len < buf.len() - 1 {
-        return Some(String::from_utf8_lossy(&buf[..len]).into_owned());
-    }
-    sys::napi_get_value_string_utf8(env, v, ptr::null_mut(), 0, &mut len);
-    let mut long = vec![0u8; len + 1];
-    sys::napi_get_value_string_utf8(env, v, long.as_mut_ptr().cast(), long.len(), &mut len);
-    long.truncate(len);
-    Some(
-        String::from_utf8(long)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-    )
-}
-
 /// Runs `body`; a panic becomes a thrown error instead of unwinding into Node.
 unsafe fn guarded(env: sys::napi_env, body: impl FnOnce() -> sys::napi_value) -> sys::napi_value {
     match catch_unwind(AssertUnwindSafe(body)) {
@@ -147,8 +123,9 @@ unsafe extern "C" fn acquire_ttl(
 ) -> sys::napi_value {
     guarded(env, || {
         let [locker, mode, key, ttl, op] = args::<5>(env, info);
-        let Some(key) = string(env, key) else {
-            return ops::fail(Error::validation("key", "must be a non-empty string")).0;
+        let key = match crate::text::read(env, key) {
+            Ok(key) => key,
+            Err(bad) => return ops::fail(bad.error("key")).0,
         };
         let locker = number(env, locker) as u32;
         let mode = number(env, mode) as u32;

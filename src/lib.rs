@@ -16,6 +16,7 @@ mod host;
 mod hub;
 mod ops;
 mod registry;
+mod text;
 #[cfg(unix)]
 mod uv_loop;
 

@@ -18,6 +18,7 @@ use napi_derive::napi;
 use crate::executor::Spawner;
 use crate::host::{self, Hooks, JsBackend, JsClock, JsDelay};
 use crate::ops::{self, Answer, Raw};
+use crate::text::Key;
 
 /// Backends that cannot report releases get this process's release wake-ups.
 enum Adapter {
@@ -46,6 +47,8 @@ struct Registry {
     adapters: IdMap<u32, Adapter>,
     lockers: IdMap<u32, Locker>,
     locks: IdMap<u64, Lock>,
+    /// Held locks whose objects were collected; see `drop_locks`.
+    detached: Vec<Lock>,
     aborts: IdMap<u32, Abort>,
     delays: IdMap<u32, Delay>,
 }
@@ -317,13 +320,14 @@ pub fn create_js_adapter(fenced: bool) -> u32 {
 pub fn adapter_call(
     adapter_id: u32,
     method: f64,
-    key: String,
-    token: String,
+    key: Key,
+    token: Key,
     ttl: f64,
     op_id: f64,
 ) -> Raw {
-    let backend = match adapter(adapter_id) {
-        Ok(b) => b,
+    let checked = (|| Ok((adapter(adapter_id)?, key.get("key")?, token.get("token")?)))();
+    let (backend, key, token) = match checked {
+        Ok(c) => c,
         Err(e) => return ops::fail(e),
     };
     let takes_ttl = method != host::RELEASE && method != host::IS_HELD;
@@ -474,7 +478,7 @@ fn retry_layer(
 #[allow(clippy::too_many_arguments)]
 pub fn create_locker(
     adapter_id: u32,
-    key_prefix: String,
+    key_prefix: Key,
     fencing: bool,
     retries: Option<f64>,
     delay_ms: Option<f64>,
@@ -486,6 +490,7 @@ pub fn create_locker(
 ) -> Raw {
     let build = || -> Result<u32, Error> {
         let backend = adapter(adapter_id)?;
+        let key_prefix = key_prefix.get("keyPrefix")?;
         let id = next_id();
         let hooks = Rc::new(Hooks {
             locker_id: id,
@@ -554,7 +559,7 @@ fn acquire_options(
 pub fn acquire(
     locker_id: u32,
     mode: u32,
-    keys: Either<String, Vec<String>>,
+    keys: Either<Key, Vec<Key>>,
     ttl: f64,
     retries: Option<f64>,
     delay_ms: Option<f64>,
@@ -568,6 +573,14 @@ pub fn acquire(
     op_id: f64,
 ) -> Raw {
     let prepared = locker(locker_id).and_then(|l| {
+        let keys = match keys {
+            Either::A(k) => Either::A(k.get("key")?),
+            Either::B(ks) => Either::B(
+                ks.into_iter()
+                    .map(|k| k.get("key"))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
         let o = acquire_options(
             &l,
             ttl,
@@ -580,9 +593,9 @@ pub fn acquire(
             max_hold,
             max_lag,
         )?;
-        Ok((l, o))
+        Ok((l, keys, o))
     });
-    let (locker, options) = match prepared {
+    let (locker, keys, options) = match prepared {
         Ok(p) => p,
         Err(e) => return ops::fail(e),
     };
@@ -723,15 +736,28 @@ pub fn lock_stop_heartbeat(lock_id: f64) {
     }
 }
 
-/// Forgets locks the facade no longer refers to.
+/// Forgets locks the facade no longer refers to. A lock still held stays alive in the engine
+/// (detached) until it ends: its heartbeat must go on, and its loss must still be reported,
+/// whether or not anyone kept the object.
 #[napi(catch_unwind)]
 pub fn drop_locks(lock_ids: Vec<f64>) {
-    REG.with(|r| {
+    let ended = REG.with(|r| {
         let mut reg = r.borrow_mut();
+        let reg = &mut *reg;
         for id in lock_ids {
-            reg.locks.remove(&(id as u64));
+            if let Some(lock) = reg.locks.remove(&(id as u64)) {
+                reg.detached.push(lock);
+            }
         }
+        // Reading the state consults the clock, so a lease that ran out reads lost here.
+        let (live, ended): (Vec<Lock>, Vec<Lock>) = std::mem::take(&mut reg.detached)
+            .into_iter()
+            .partition(|l| l.state() == LockState::Held);
+        reg.detached = live;
+        ended
     });
+    // Dropped outside the registry's borrow: a lock's drop may reach other native objects.
+    drop(ended);
 }
 
 fn with_lock(lock_id: f64, op_id: f64, f: impl FnOnce(Lock) -> Raw) -> Raw {

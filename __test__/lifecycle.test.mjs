@@ -1,0 +1,286 @@
+// Safety and lifecycle of the binding: keys read exactly, locks that outlive their objects,
+// aborts racing grants, process exit, worker termination, loading the facade twice, and
+// native objects freed once their JavaScript owners are gone.
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { after, before, describe, it } from 'node:test';
+import { Locker, ValidationError } from 'locco-rs';
+import { InMemoryAdapter } from 'locco-rs/memory';
+import { ADAPTERS, sleep } from './support/adapters.mjs';
+import { startRedis } from './support/servers.mjs';
+
+const ROOT = new URL('..', import.meta.url);
+
+/** Runs `script` (CommonJS) in a fresh Node process; answers { status, signal, stdout, stderr }. */
+function runNode(script, { args = [], timeout = 60_000, env = {} } = {}) {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [...args, '-e', script], {
+      cwd: ROOT,
+      env: { ...process.env, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeout);
+    child.on('close', (status, signal) => {
+      clearTimeout(timer);
+      resolve({ status, signal, stdout, stderr });
+    });
+  });
+}
+
+describe('keys are read exactly', () => {
+  for (const [name, make] of ADAPTERS) {
+    describe(name, () => {
+      it('two long keys that differ only in their last character are two locks', async () => {
+        const locker = new Locker({ adapter: make(), retry: { retries: 0 } });
+        const a = await locker.acquire('é'.repeat(200) + 'a', { ttl: 10_000 });
+        const b = await locker.tryAcquire('é'.repeat(200) + 'b', { ttl: 10_000 });
+        assert.ok(b, 'the second key is free');
+        assert.equal(a.key, 'é'.repeat(200) + 'a');
+        await a.release();
+        await b.release();
+      });
+
+      it('the same on the full path (with a signal) and in acquireMany', async () => {
+        const locker = new Locker({ adapter: make(), retry: { retries: 0 } });
+        const signal = new AbortController().signal;
+        const a = await locker.acquire('ü'.repeat(300) + 'x', { ttl: 10_000, signal });
+        const set = await locker.acquireMany(['ü'.repeat(300) + 'y', 'ü'.repeat(300) + 'z'], { ttl: 10_000 });
+        assert.equal(set.locks.length, 2);
+        await a.release();
+        await set.release();
+      });
+
+      it('refuses a key over 4 KiB of UTF-8, counted exactly', async () => {
+        const locker = new Locker({ adapter: make() });
+        // 2,049 two-byte characters: 4,098 bytes.
+        await assert.rejects(locker.acquire('é'.repeat(2049), { ttl: 1000 }), (e) => {
+          assert.ok(e instanceof ValidationError, String(e));
+          assert.equal(e.field, 'key');
+          return true;
+        });
+        await assert.rejects(locker.tryAcquire('é'.repeat(2049), { ttl: 1000 }), ValidationError);
+        const ok = await locker.acquire('é'.repeat(2048), { ttl: 1000 });
+        await ok.release();
+      });
+
+      it('refuses a key that is not well-formed UTF-16, or that holds NUL', async () => {
+        const locker = new Locker({ adapter: make() });
+        for (const key of ['k:\ud800', 'k:\udfff', '\udc00k', 'a\u0000b']) {
+          for (const call of [
+            () => locker.acquire(key, { ttl: 1000 }),
+            () => locker.tryAcquire(key, { ttl: 1000 }),
+            () => locker.acquire(key, { ttl: 1000, retry: { retries: 0 } }),
+            () => locker.acquireMany([key], { ttl: 1000 }),
+          ]) {
+            await assert.rejects(call(), (e) => {
+              assert.ok(e instanceof ValidationError, `${JSON.stringify(key)}: ${e}`);
+              assert.equal(e.field, 'key');
+              return true;
+            });
+          }
+        }
+        // A well-formed surrogate pair is fine.
+        const lock = await locker.acquire('k:\ud83d\ude00', { ttl: 1000 });
+        assert.equal(lock.key, 'k:\ud83d\ude00');
+        await lock.release();
+      });
+    });
+  }
+
+  it('a key prefix is checked the same way', () => {
+    assert.throws(() => new Locker({ adapter: new InMemoryAdapter(), keyPrefix: 'p:\ud800' }), (e) => {
+      assert.ok(e instanceof ValidationError);
+      assert.equal(e.field, 'keyPrefix');
+      return true;
+    });
+  });
+});
+
+describe('aborts and grants', () => {
+  for (const [name, make] of ADAPTERS) {
+    it(`${name}: an abort right after acquire leaves the key free`, async () => {
+      const adapter = make();
+      const locker = new Locker({ adapter });
+      const ac = new AbortController();
+      const p = locker.acquire('race', { ttl: 60_000, signal: ac.signal, autoExtend: { maxHold: 3_600_000 } });
+      ac.abort();
+      await assert.rejects(p, (e) => e === ac.signal.reason);
+      // The grant, if it landed, is given back: another Locker gets the key soon.
+      const other = new Locker({ adapter, retry: { retries: 50, delay: 20 } });
+      const lock = await other.acquire('race', { ttl: 1000 });
+      assert.equal(lock.state, 'held');
+      await lock.release();
+    });
+  }
+});
+
+describe('a lock whose object is collected', () => {
+  it('keeps its heartbeat until released, lost or maxHold', async () => {
+    const script = `
+      const { Locker } = require('locco-rs');
+      const { InMemoryAdapter } = require('locco-rs/memory');
+      const adapter = new InMemoryAdapter();
+      const events = [];
+      const locker = new Locker({ adapter, onEvent: (e) => events.push(e.type) });
+      const rival = new Locker({ adapter, retry: { retries: 0 } });
+      (async () => {
+        await locker.acquire('leader', { ttl: 500, autoExtend: { maxHold: 3_600_000 } });
+        for (let i = 0; i < 5; i++) { globalThis.gc(); await new Promise((r) => setTimeout(r, 50)); }
+        const until = Date.now() + 1500;
+        let stolen = false;
+        while (Date.now() < until) {
+          globalThis.gc();
+          const l = await rival.tryAcquire('leader', { ttl: 500 });
+          if (l) { stolen = true; await l.release(); break; }
+          await new Promise((r) => setTimeout(r, 50));
+        }
+        console.log(JSON.stringify({ stolen, lost: events.includes('lost'), extended: events.filter((t) => t === 'extended').length }));
+        process.exit(0);
+      })();
+    `;
+    const r = await runNode(script, { args: ['--expose-gc'] });
+    assert.equal(r.status, 0, r.stderr);
+    const out = JSON.parse(r.stdout.trim());
+    assert.equal(out.stolen, false, 'nobody else got the key while the heartbeat ran');
+    assert.ok(out.extended >= 3, `the heartbeat went on (${out.extended} extensions)`);
+  });
+});
+
+describe('the process', () => {
+  let redis;
+  before(async () => {
+    redis = await startRedis();
+  });
+  after(() => redis.dispose());
+
+  const inFlight = (url) => `
+    const { Locker } = require('locco-rs');
+    const { RedisAdapter } = require('locco-rs/redis');
+    const locker = new Locker({ adapter: new RedisAdapter({ url: ${JSON.stringify(url)} }) });
+    async function run() {
+      await locker.tryAcquire('warm:' + process.pid, { ttl: 1000 });
+      for (let i = 0; i < 2000; i++) locker.acquire('k:' + process.pid + ':' + i, { ttl: 5000, autoExtend: { maxHold: 60000 } }).catch(() => {});
+    }
+  `;
+
+  it('exits cleanly with 2,000 Redis acquires in flight (10 runs)', async () => {
+    const script = `${inFlight(redis.url)}; run().then(() => process.exit(0));`;
+    for (let i = 0; i < 10; i++) {
+      const r = await runNode(script);
+      assert.equal(r.signal, null, `run ${i}: killed by ${r.signal}: ${r.stderr}`);
+      assert.equal(r.status, 0, `run ${i}: ${r.stderr}`);
+    }
+  });
+
+  it('survives worker.terminate() of workers taking Redis locks (10 runs)', async () => {
+    const worker = `${inFlight(redis.url)}; run().then(() => require('node:worker_threads').parentPort.postMessage('busy'));`;
+    const script = `
+      const { Worker } = require('node:worker_threads');
+      (async () => {
+        for (let i = 0; i < 10; i++) {
+          const w = new Worker(${JSON.stringify(worker)}, { eval: true });
+          await new Promise((resolve, reject) => { w.once('message', resolve); w.once('error', reject); });
+          await w.terminate();
+        }
+        console.log('alive');
+      })().catch((e) => { console.error(e); process.exit(1); });
+    `;
+    const r = await runNode(script, { timeout: 120_000 });
+    assert.equal(r.signal, null, `killed by ${r.signal}: ${r.stderr}`);
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.stdout.trim(), 'alive');
+  });
+
+  it('loading the facade twice (a cleared require cache) works and exits cleanly', async () => {
+    const script = `
+      const path = require.resolve('locco-rs');
+      const first = require('locco-rs');
+      const { InMemoryAdapter: FirstMemory } = require('locco-rs/memory');
+      const firstLocker = new first.Locker({ adapter: new FirstMemory() });
+      (async () => {
+        const held = await firstLocker.acquire('a', { ttl: 10_000 });
+        for (const k of Object.keys(require.cache)) delete require.cache[k];
+        const second = require('locco-rs');
+        const { InMemoryAdapter } = require('locco-rs/memory');
+        const locker = new second.Locker({ adapter: new InMemoryAdapter() });
+        const lock = await locker.acquire('b', { ttl: 10_000, retry: { retries: 1 } });
+        const released = await lock.release();
+        // The first facade's objects still work.
+        const releasedFirst = await held.release();
+        const again = await firstLocker.acquire('a', { ttl: 10_000, retry: { retries: 0 } });
+        await again.release();
+        console.log(JSON.stringify({ released, releasedFirst }));
+      })().catch((e) => { console.error(e); process.exit(1); });
+    `;
+    const r = await runNode(script);
+    assert.equal(r.signal, null, `killed by ${r.signal}: ${r.stderr}`);
+    assert.equal(r.status, 0, r.stderr);
+    assert.deepEqual(JSON.parse(r.stdout.trim()), { released: true, releasedFirst: true });
+  });
+});
+
+describe('native objects are freed', () => {
+  it('200k short-lived Lockers do not grow memory without bound', async () => {
+    const script = `
+      const { Locker } = require('locco-rs');
+      const { InMemoryAdapter } = require('locco-rs/memory');
+      (async () => {
+        const round = async () => {
+          for (let i = 0; i < 20000; i++) {
+            const locker = new Locker({ adapter: new InMemoryAdapter({ now: () => performance.now() }), onEvent: () => {}, retry: { delay: () => 1 } });
+            const lock = await locker.acquire('k', { ttl: 1000 });
+            await lock.release();
+          }
+          globalThis.gc();
+          await new Promise((r) => setTimeout(r, 20));
+          globalThis.gc();
+        };
+        await round(); await round();
+        const base = process.memoryUsage().rss;
+        for (let i = 0; i < 8; i++) await round();
+        const grown = process.memoryUsage().rss - base;
+        console.log(JSON.stringify({ grownMb: Math.round(grown / 1e6) }));
+      })();
+    `;
+    const r = await runNode(script, { args: ['--expose-gc'], timeout: 120_000 });
+    assert.equal(r.status, 0, r.stderr);
+    const { grownMb } = JSON.parse(r.stdout.trim());
+    // 160k Lockers after the baseline; leaking one adapter, locker and their functions each was
+    // about 1 KiB apiece (over 150 MB).
+    assert.ok(grownMb < 40, `RSS grew ${grownMb} MB over 160k Lockers`);
+  });
+
+  it('Locker.close() releases what it holds, stops heartbeats, and refuses new work', async () => {
+    const adapter = new InMemoryAdapter();
+    const events = [];
+    const locker = new Locker({ adapter, onEvent: (e) => events.push(e.type) });
+    const a = await locker.acquire('c1', { ttl: 1000, autoExtend: { maxHold: 60_000 } });
+    const b = await locker.acquire('c2', { ttl: 1000 });
+    await locker.close();
+    assert.equal(a.state, 'released');
+    assert.equal(b.state, 'released');
+    const other = new Locker({ adapter, retry: { retries: 0 } });
+    const again = await other.tryAcquire('c1', { ttl: 1000 });
+    assert.ok(again, 'the key was released');
+    await again.release();
+    await assert.rejects(locker.acquire('c3', { ttl: 1000 }), (e) => e.code === 'LOCK_STATE');
+    await locker.close(); // twice is fine
+    const extendedBefore = events.filter((t) => t === 'extended').length;
+    await sleep(800);
+    assert.equal(events.filter((t) => t === 'extended').length, extendedBefore, 'no heartbeat after close');
+  });
+
+  it('await using closes a Locker', async () => {
+    const adapter = new InMemoryAdapter();
+    let lock;
+    {
+      await using locker = new Locker({ adapter });
+      lock = await locker.acquire('d1', { ttl: 10_000 });
+    }
+    assert.equal(lock.state, 'released');
+  });
+});

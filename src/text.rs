@@ -1,0 +1,136 @@
+//! Strings from JavaScript, read exactly. A key is read as UTF-16 and decoded here: N-API's
+//! UTF-8 read replaces a lone surrogate with U+FFFD (so `'k:\ud800'` and `'k:\udfff'` would
+//! be one lock) and stops short of a multi-byte character at a buffer's end (so two long keys
+//! would collapse into their common prefix).
+
+use std::ptr;
+
+use locco_core::Error;
+use napi::bindgen_prelude::{FromNapiValue, TypeName, ValidateNapiValue};
+use napi::{sys, ValueType};
+
+/// Why a value is not a usable key.
+#[derive(Debug, Clone, Copy)]
+pub enum Bad {
+    NotString,
+    LoneSurrogate(usize),
+    Nul(usize),
+}
+
+impl Bad {
+    pub fn error(self, field: &str) -> Error {
+        match self {
+            Bad::NotString => Error::validation(field, "must be a string"),
+            Bad::LoneSurrogate(at) => Error::validation(
+                field,
+                format!("is not well-formed UTF-16: a lone surrogate at index {at}"),
+            ),
+            Bad::Nul(at) => {
+                Error::validation(field, format!("must not contain NUL (found at index {at})"))
+            }
+        }
+    }
+}
+
+/// Decodes UTF-16 that must be well-formed and hold no NUL.
+fn decode(units: &[u16]) -> Result<String, Bad> {
+    let mut out = String::with_capacity(units.len());
+    let mut at = 0;
+    for c in char::decode_utf16(units.iter().copied()) {
+        match c {
+            Ok('\0') => return Err(Bad::Nul(at)),
+            Ok(c) => {
+                out.push(c);
+                at += c.len_utf16();
+            }
+            Err(_) => return Err(Bad::LoneSurrogate(at)),
+        }
+    }
+    Ok(out)
+}
+
+/// Reads a JavaScript string exactly: its length first, then every unit.
+///
+/// # Safety
+/// `env` and `v` must be live handles of the current call.
+pub unsafe fn read(env: sys::napi_env, v: sys::napi_value) -> Result<String, Bad> {
+    let mut len = 0usize;
+    if sys::napi_get_value_string_utf16(env, v, ptr::null_mut(), 0, &mut len)
+        != sys::Status::napi_ok
+    {
+        return Err(Bad::NotString);
+    }
+    // Keys are short: a stack buffer avoids an allocation for nearly all of them. N-API writes
+    // a terminating NUL, hence one unit more than the length.
+    const STACK: usize = 256;
+    let mut small = [0u16; STACK + 1];
+    let mut large = Vec::new();
+    let buf: &mut [u16] = if len <= STACK {
+        &mut small[..len + 1]
+    } else {
+        large.resize(len + 1, 0);
+        &mut large
+    };
+    let mut written = 0usize;
+    let status =
+        sys::napi_get_value_string_utf16(env, v, buf.as_mut_ptr(), buf.len(), &mut written);
+    if status != sys::Status::napi_ok || written != len {
+        return Err(Bad::NotString);
+    }
+    decode(&buf[..len])
+}
+
+/// A string argument of a `#[napi]` export, read with [`read`]; the export names the field
+/// when it refuses it.
+pub struct Key(pub Result<String, Bad>);
+
+impl Key {
+    pub fn get(self, field: &str) -> Result<String, Error> {
+        self.0.map_err(|bad| bad.error(field))
+    }
+}
+
+impl FromNapiValue for Key {
+    unsafe fn from_napi_value(env: sys::napi_env, v: sys::napi_value) -> napi::Result<Self> {
+        Ok(Key(read(env, v)))
+    }
+}
+
+impl TypeName for Key {
+    fn type_name() -> &'static str {
+        "string"
+    }
+    fn value_type() -> ValueType {
+        ValueType::String
+    }
+}
+
+impl ValidateNapiValue for Key {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utf16(s: &str) -> Vec<u16> {
+        s.encode_utf16().collect()
+    }
+
+    #[test]
+    fn decodes_well_formed_text() {
+        let key = "é".repeat(200) + "a😀";
+        assert_eq!(decode(&utf16(&key)).unwrap(), key);
+    }
+
+    #[test]
+    fn refuses_lone_surrogates_and_nul() {
+        assert!(matches!(
+            decode(&[0x6b, 0xd800]),
+            Err(Bad::LoneSurrogate(1))
+        ));
+        assert!(matches!(
+            decode(&[0xdfff, 0x6b]),
+            Err(Bad::LoneSurrogate(0))
+        ));
+        assert!(matches!(decode(&[0x61, 0, 0x62]), Err(Bad::Nul(1))));
+    }
+}
