@@ -8,6 +8,28 @@ pub trait Clock {
     fn now(&self) -> f64;
 }
 
+/// Reads `clock`, refusing a reading that is not a finite number. An injected clock that
+/// answers NaN would otherwise make every deadline look passed, so a retry loop would run
+/// without ever waiting; the operation that read it fails instead, naming the option.
+pub(crate) fn checked_now(clock: &dyn Clock) -> crate::Result<f64> {
+    let now = clock.now();
+    if now.is_finite() {
+        return Ok(now);
+    }
+    // Spelled as JavaScript spells it: the injected clock is usually a JS function.
+    let shown = if now.is_nan() {
+        "NaN"
+    } else if now > 0.0 {
+        "Infinity"
+    } else {
+        "-Infinity"
+    };
+    Err(crate::Error::validation(
+        "now",
+        format!("the injected clock returned {shown}; it must return a finite number of ms"),
+    ))
+}
+
 /// Raw readings for [`LeaseClock`]; replaced in tests.
 pub trait TimeSource {
     /// Milliseconds of a clock that stops while the machine sleeps or the VM is paused.

@@ -41,7 +41,8 @@ impl LostReason {
 pub enum HeldReason {
     /// Another holder had the key.
     Held,
-    /// The backend granted the key but answered after the lease could have ended.
+    /// The backend granted the key but answered after the lease could have ended. An attempt
+    /// that got no answer at all is not this: it is a backend timeout.
     Late,
     /// `try_acquire`'s single attempt was granted too late; the key was given back.
     LateAcquire,
@@ -118,8 +119,9 @@ impl fmt::Debug for ForeignError {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The key could not be taken within the retry budget.
-    #[error("lock {key:?} is held elsewhere: gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms ({})", reason.as_str())]
+    /// The key could not be taken within the retry budget: another holder had it, or the
+    /// backend's grant came too late to use (see `reason`).
+    #[error("{}", held_message(key, *attempts, *elapsed_ms, *reason))]
     Held {
         key: String,
         attempts: u32,
@@ -160,6 +162,21 @@ pub enum Error {
     /// A bug: a panic caught at the boundary, or a broken invariant.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+fn held_message(key: &str, attempts: u32, elapsed_ms: f64, reason: HeldReason) -> String {
+    match reason {
+        HeldReason::Held => format!(
+            "lock {key:?} is held elsewhere: gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms (held)"
+        ),
+        // Nobody else has the key: the grant arrived after its lease could have ended, so it
+        // was given back. Saying "held elsewhere" would send the reader after a rival.
+        late => format!(
+            "lock {key:?} was not taken: the backend answered too slowly, after the lease could have ended \
+             (the grant was given back); gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms ({})",
+            late.as_str()
+        ),
+    }
 }
 
 impl Error {

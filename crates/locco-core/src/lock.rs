@@ -3,6 +3,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use crate::clock::checked_now;
 use crate::error::{Error, LostReason, Result};
 use crate::events::Event;
 use crate::locker::Shared;
@@ -207,7 +208,9 @@ impl Lock {
                 inner.key
             )));
         }
-        inner.refresh();
+        // Checked before the lease is judged by it: a NaN reading would pass for "expired".
+        let now = checked_now(&*inner.shared.rt.clock)?;
+        inner.refresh_at(now);
         if inner.state.get() == LockState::Lost {
             return Err(inner.lost_error());
         }
@@ -353,7 +356,8 @@ pub(crate) fn on_due(lock: &Rc<LockInner>, due: Due, at: f64) {
 
 /// Sends one extension of `lock.ttl` (clamped to the deadline) and applies its answer.
 async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> {
-    let sent_at = inner.now();
+    // A non-finite reading would turn into a made-up ttl below: refuse it before sending.
+    let sent_at = checked_now(&*inner.shared.rt.clock)?;
     let mut ttl = inner.ttl.get();
     if let Some(deadline) = inner.deadline {
         let left = (deadline - sent_at).floor();
@@ -387,7 +391,9 @@ async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> 
             if inner.watched.get() || inner.heartbeat.is_some() {
                 inner.schedule(end, Due::Expiry);
             }
-            if let Some(hb) = inner.heartbeat {
+            // Only the heartbeat's own extension schedules its next tick: a manual extend()
+            // that did so would start a second chain of ticks beside the first.
+            if let (true, Some(hb)) = (from_heartbeat, inner.heartbeat) {
                 if !inner.heartbeat_stopped.get() {
                     inner.schedule(sent_at + hb.interval, Due::Tick);
                 }

@@ -4,7 +4,8 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::backend::{Backend, Op, Waiter};
-use crate::error::{Error, HeldReason, Result};
+use crate::clock::checked_now;
+use crate::error::{BackendErrorKind, Error, HeldReason, Result};
 use crate::events::Event;
 use crate::lock::{lease_end, Heartbeat, Lock, LockInner, LockState};
 use crate::options::{random_token, validate_key, AcquireOptions, LockerOptions};
@@ -64,8 +65,15 @@ pub struct Locker {
 
 /// How one attempt ended.
 enum Attempt {
-    Won { sent_at: f64, fence: Option<u64> },
+    Won {
+        token: String,
+        sent_at: f64,
+        fence: Option<u64>,
+    },
+    /// Answered: held by another, or granted too late to use (and given back).
     Missed(HeldReason),
+    /// No answer before the lease (or the budget) ran out.
+    NoAnswer,
 }
 
 impl Locker {
@@ -113,6 +121,8 @@ impl Locker {
         Ok(full)
     }
 
+    /// A fresh token: every attempt sends its own, so a give-back of one attempt's grant can
+    /// never delete the grant of another attempt of the same acquisition.
     fn token(&self) -> Result<String> {
         match &self.shared.options.token {
             Some(make) => make(),
@@ -120,8 +130,8 @@ impl Locker {
         }
     }
 
-    fn now(&self) -> f64 {
-        self.shared.rt.clock.now()
+    fn now(&self) -> Result<f64> {
+        checked_now(&*self.shared.rt.clock)
     }
 
     /// Builds and sends an event only when somebody listens.
@@ -141,18 +151,16 @@ impl Locker {
     ) -> Result<Lock> {
         options.validate()?;
         let key = self.full_key(key)?;
-        let token = self.token()?;
-        self.acquire_key(key, token, &options, abort.as_ref()).await
+        self.acquire_key(key, &options, abort.as_ref()).await
     }
 
     async fn acquire_key(
         &self,
         key: String,
-        token: String,
         options: &AcquireOptions,
         abort: Option<&Abort>,
     ) -> Result<Lock> {
-        let start = self.now();
+        let start = self.now()?;
         let policy = &options.retry;
         let budget_end = policy.timeout.map(|t| start + t);
         let ttl = first_ttl(options);
@@ -160,47 +168,54 @@ impl Locker {
         let mut previous_delay = 0.0;
         let mut attempt = 0u32;
         let mut next_sent_at = start;
+        // What the last attempt that got an answer said; `None` while the backend has not
+        // answered any attempt, which makes giving up a timeout rather than contention.
+        let mut answered: Option<HeldReason> = None;
         loop {
             if abort.is_some_and(Abort::is_aborted) {
                 return Err(Error::Aborted);
             }
             attempt += 1;
             let sent_at = next_sent_at;
-            let reason = match self
-                .attempt(&key, &token, ttl, sent_at, budget_end, abort)
+            let token = self.token()?;
+            match self
+                .attempt(&key, token, ttl, sent_at, budget_end, abort)
                 .await?
             {
-                Attempt::Won { sent_at, fence } => {
-                    let lock = self.make_lock(key, token, fence, sent_at, options);
-                    self.emit(|| Event::Acquired {
-                        key: lock.key(),
+                Attempt::Won {
+                    token,
+                    sent_at,
+                    fence,
+                } => return self.won(key, token, fence, sent_at, options, start, attempt),
+                Attempt::Missed(reason) => {
+                    answered = Some(reason);
+                    let elapsed_ms = self.now()? - start;
+                    self.emit(|| Event::Contended {
+                        key: &key,
                         ttl: options.ttl,
-                        waited_ms: self.now() - start,
-                        attempts: attempt,
+                        attempt,
+                        elapsed_ms,
+                        reason,
                     });
-                    return Ok(lock);
                 }
-                Attempt::Missed(reason) => reason,
-            };
+                // No answer is no news about other holders: not a `contended` event.
+                Attempt::NoAnswer => {}
+            }
             // The clock is read once per step: each read costs more than the arithmetic around it.
-            let now = self.now();
+            let now = self.now()?;
             let elapsed_ms = now - start;
-            self.emit(|| Event::Contended {
-                key: &key,
-                ttl: options.ttl,
-                attempt,
-                elapsed_ms,
-                reason,
-            });
-            let held = |now: f64| Error::Held {
-                key: key.clone(),
-                attempts: attempt,
-                elapsed_ms: now - start,
-                reason,
+            let give_up = |now: f64| match answered {
+                Some(reason) => Error::Held {
+                    key: key.clone(),
+                    attempts: attempt,
+                    elapsed_ms: now - start,
+                    reason,
+                },
+                None => self.no_answer(&key, attempt, now - start),
             };
             let out_of_time = |now: f64| budget_end.is_some_and(|end| now >= end);
             if policy.retries.is_some_and(|r| attempt > r) || out_of_time(now) {
-                return Err(held(now));
+                return Err(give_up(now));
             }
             let input = DelayInput {
                 attempt,
@@ -217,11 +232,11 @@ impl Locker {
                         .await
                     {
                         Bounded::Done(d) => {
-                            read_at = self.now();
+                            read_at = self.now()?;
                             d?
                         }
                         Bounded::Aborted => return Err(Error::Aborted),
-                        Bounded::OutOfTime => return Err(held(self.now())),
+                        Bounded::OutOfTime => return Err(give_up(self.now()?)),
                     }
                 }
                 computed => computed.next(input).await?,
@@ -242,19 +257,64 @@ impl Locker {
             if let First::Right(_) = first(wait, aborted(abort)).await {
                 return Err(Error::Aborted);
             }
-            let now = self.now();
+            let now = self.now()?;
             if out_of_time(now) {
-                return Err(held(now));
+                return Err(give_up(now));
             }
             next_sent_at = now;
         }
     }
 
-    /// One attempt, bounded by the lease (a later answer is useless) and the budget.
+    /// The error when no attempt got an answer in time: the backend is slow or gone, which
+    /// says nothing about other holders.
+    fn no_answer(&self, key: &str, attempts: u32, elapsed_ms: f64) -> Error {
+        Error::backend(
+            self.shared.backend.name(),
+            BackendErrorKind::Timeout,
+            format!(
+                "acquire of {key:?} got no answer from the backend: {attempts} attempt(s) in \
+                 {elapsed_ms:.0} ms, each waiting until its lease would have ended"
+            ),
+        )
+    }
+
+    /// Turns a winning attempt into the lock. A clock that fails now still leaves a grant
+    /// behind, so it is given back.
+    #[allow(clippy::too_many_arguments)]
+    fn won(
+        &self,
+        key: String,
+        token: String,
+        fence: Option<u64>,
+        sent_at: f64,
+        options: &AcquireOptions,
+        start: f64,
+        attempts: u32,
+    ) -> Result<Lock> {
+        let now = match self.now() {
+            Ok(now) => now,
+            Err(e) => {
+                self.give_back_now(&key, &token);
+                return Err(e);
+            }
+        };
+        let lock = self.make_lock(key, token, fence, sent_at, options);
+        self.emit(|| Event::Acquired {
+            key: lock.key(),
+            ttl: options.ttl,
+            waited_ms: now - start,
+            attempts,
+        });
+        Ok(lock)
+    }
+
+    /// One attempt with its own token, bounded by the lease (a later answer is useless) and
+    /// the budget. Whatever else happens to a grant, it is given back by that token: the
+    /// engine alone decides a grant's fate.
     async fn attempt(
         &self,
         key: &str,
-        token: &str,
+        token: String,
         ttl: u32,
         sent_at: f64,
         budget_end: Option<f64>,
@@ -262,16 +322,24 @@ impl Locker {
     ) -> Result<Attempt> {
         let end = lease_end(sent_at, ttl);
         let limit = budget_end.map_or(end, |b| b.min(end));
-        let mut op = self.grant_op(key, token, ttl);
+        let mut op = self.grant_op(key, &token, ttl);
         let clock = &*self.shared.rt.clock;
         let deadline = sleep_until(clock, &*self.shared.rt.timer, limit);
         let answer = match first(&mut op, first(deadline, aborted(abort))).await {
-            First::Left(answer) => answer?,
+            First::Left(Ok(answer)) => answer,
+            First::Left(Err(e)) => {
+                // The server may have granted before the failure (a fenced grant whose counter
+                // write failed, a reply lost on the way back).
+                if may_have_granted(&e) {
+                    self.give_back_now(key, &token);
+                }
+                return Err(e);
+            }
             First::Right(why) => {
                 op.abandon();
                 self.give_back_later(op, key, token);
                 return match why {
-                    First::Left(()) => Ok(Attempt::Missed(HeldReason::Late)),
+                    First::Left(()) => Ok(Attempt::NoAnswer),
                     First::Right(()) => Err(Error::Aborted),
                 };
             }
@@ -279,15 +347,26 @@ impl Locker {
         let Some(fence) = answer else {
             return Ok(Attempt::Missed(HeldReason::Held));
         };
-        if self.now() >= end {
-            self.give_back_now(key, token);
+        let now = match self.now() {
+            Ok(now) => now,
+            Err(e) => {
+                self.give_back_now(key, &token);
+                return Err(e);
+            }
+        };
+        if now >= end {
+            self.give_back_now(key, &token);
             return Ok(Attempt::Missed(HeldReason::Late));
         }
         if abort.is_some_and(Abort::is_aborted) {
-            self.give_back_now(key, token);
+            self.give_back_now(key, &token);
             return Err(Error::Aborted);
         }
-        Ok(Attempt::Won { sent_at, fence })
+        Ok(Attempt::Won {
+            token,
+            sent_at,
+            fence,
+        })
     }
 
     /// The grant request: `Some(fence)` when granted (`fence` is `None` without fencing).
@@ -300,7 +379,7 @@ impl Locker {
         }
     }
 
-    /// Releases a grant that came too late, without making anyone wait for it.
+    /// Releases a grant nobody will use, without making anyone wait for it.
     fn give_back_now(&self, key: &str, token: &str) {
         let op = self.shared.backend.release(key, token);
         self.shared.rt.spawner.spawn(Box::pin(async move {
@@ -308,13 +387,21 @@ impl Locker {
         }));
     }
 
-    /// Waits in the background for an attempt nobody waits for any more, and gives its grant back.
-    fn give_back_later(&self, op: GrantOp, key: &str, token: &str) {
+    /// Gives back the grant of an attempt nobody waits for any more. A release goes out at once
+    /// (a backend that applies requests in order then frees the key even if the answer never
+    /// comes), and again once the answer says granted or failed, for a request applied late.
+    /// The token is this attempt's alone, so neither can touch a later attempt's lock.
+    fn give_back_later(&self, op: GrantOp, key: &str, token: String) {
         let backend = self.shared.backend.clone();
-        let (key, token) = (key.to_owned(), token.to_owned());
+        let key = key.to_owned();
+        let now = backend.release(&key, &token);
         self.shared.rt.spawner.spawn(Box::pin(async move {
-            if let Ok(Some(_)) = op.await {
-                let _ = backend.release(&key, &token).await;
+            let _ = now.await;
+            match op.await {
+                Ok(None) => {}
+                Ok(Some(_)) | Err(_) => {
+                    let _ = backend.release(&key, &token).await;
+                }
             }
         }));
     }
@@ -391,26 +478,28 @@ impl Locker {
 
     /// One attempt: the lock, or `None` when another holder has the key. A grant that came
     /// too late is given back and reported as [`HeldReason::LateAcquire`], because then nobody
-    /// holds the key and "someone else has it" would be wrong.
+    /// holds the key and "someone else has it" would be wrong; no answer at all is a backend
+    /// timeout.
     pub async fn try_acquire(&self, key: &str, options: AcquireOptions) -> Result<Option<Lock>> {
         options.validate()?;
         let key = self.full_key(key)?;
+        let start = self.now()?;
         let token = self.token()?;
-        let start = self.now();
         let ttl = first_ttl(&options);
-        match self.attempt(&key, &token, ttl, start, None, None).await? {
-            Attempt::Won { sent_at, fence } => {
-                let lock = self.make_lock(key, token, fence, sent_at, &options);
-                self.emit(|| Event::Acquired {
-                    key: lock.key(),
-                    ttl: options.ttl,
-                    waited_ms: self.now() - start,
-                    attempts: 1,
-                });
-                Ok(Some(lock))
+        match self.attempt(&key, token, ttl, start, None, None).await? {
+            Attempt::Won {
+                token,
+                sent_at,
+                fence,
+            } => self
+                .won(key, token, fence, sent_at, &options, start, 1)
+                .map(Some),
+            Attempt::NoAnswer => {
+                let elapsed_ms = self.now()? - start;
+                Err(self.no_answer(&key, 1, elapsed_ms))
             }
             Attempt::Missed(reason) => {
-                let elapsed_ms = self.now() - start;
+                let elapsed_ms = self.now()? - start;
                 self.emit(|| Event::Contended {
                     key: &key,
                     ttl: options.ttl,
@@ -434,7 +523,8 @@ impl Locker {
     /// Acquires every key, in sorted order without duplicates so that overlapping sets cannot
     /// deadlock. `retry.timeout` is one budget for the set; `retry.retries` applies per key.
     /// Every lease is refreshed before the set is returned, so the leases overlap. On any
-    /// failure, every lock taken is released and the error is returned.
+    /// failure, every lock taken is released and the error is returned; an abort that fires
+    /// before the set is complete releases them too.
     pub async fn acquire_many(
         &self,
         keys: &[String],
@@ -451,23 +541,24 @@ impl Locker {
             .collect::<Result<_>>()?;
         full.sort();
         full.dedup();
-        let start = self.now();
+        let start = self.now()?;
         let mut locks: Vec<Lock> = Vec::with_capacity(full.len());
         let outcome = async {
             for key in full {
                 let mut per_key = options.clone();
                 if let Some(t) = options.retry.timeout {
-                    per_key.retry.timeout = Some((start + t - self.now()).max(0.0));
+                    per_key.retry.timeout = Some((start + t - self.now()?).max(0.0));
                 }
-                let token = self.token()?;
-                let lock = self
-                    .acquire_key(key, token, &per_key, abort.as_ref())
-                    .await?;
+                let lock = self.acquire_key(key, &per_key, abort.as_ref()).await?;
                 locks.push(lock);
             }
             let last = locks.len() - 1;
             for lock in &locks[..last] {
                 lock.extend(lock.ttl()).await?;
+            }
+            // The refreshes above do not watch the signal: an abort during them still wins.
+            if abort.as_ref().is_some_and(Abort::is_aborted) {
+                return Err(Error::Aborted);
             }
             Ok(())
         }
@@ -484,6 +575,11 @@ impl Locker {
     }
 }
 
+/// Whether a failed grant request may still have taken the key on the server. Only a
+/// validation error is raised before anything is sent.
+fn may_have_granted(e: &Error) -> bool {
+    !matches!(e, Error::Validation { .. })
+}
 /// The first lease: the TTL, cut to `maxHold` when that is shorter.
 fn first_ttl(options: &AcquireOptions) -> u32 {
     match options.auto_extend {

@@ -16,38 +16,96 @@ impl Spawn for Spawner {
 }
 
 /// The in-memory backend, with answers that can be held in flight or made to fail.
+///
+/// A held request is applied when its gate opens (a request stuck on the way there); with
+/// `apply_early` it is applied at once and only its answer waits (stuck on the way back),
+/// the case where a late "granted" matters.
 struct Gated {
     inner: Rc<MemoryBackend>,
     hold: Cell<bool>,
-    released: Rc<Cell<bool>>,
-    parked: Rc<RefCell<Vec<std::task::Waker>>>,
+    /// With `hold`: hold only this many more requests, then answer at once again.
+    hold_next: Cell<Option<u32>>,
+    /// With `hold`: hold only requests of this verb.
+    hold_verb: Cell<Option<&'static str>>,
+    apply_early: Cell<bool>,
+    gates: RefCell<Vec<Rc<Gate>>>,
     fail: Cell<bool>,
+    /// Apply the request, then answer an error anyway (the reply was lost).
+    fail_after_apply: Rc<Cell<bool>>,
+    calls: RefCell<Vec<&'static str>>,
+}
+
+#[derive(Default)]
+struct Gate {
+    open: Cell<bool>,
+    waker: RefCell<Option<std::task::Waker>>,
+}
+
+fn injected() -> Error {
+    Error::backend("test", BackendErrorKind::Io, "injected failure")
 }
 
 impl Gated {
-    fn gate<T: 'static>(&self, run: impl FnOnce() -> Op<T> + 'static) -> Op<T> {
-        if self.fail.get() {
-            return Op::ready(Err(Error::backend(
-                "test",
-                BackendErrorKind::Io,
-                "injected failure",
-            )));
+    fn new(inner: Rc<MemoryBackend>) -> Self {
+        Gated {
+            inner,
+            hold: Cell::new(false),
+            hold_next: Cell::new(None),
+            hold_verb: Cell::new(None),
+            apply_early: Cell::new(false),
+            gates: RefCell::default(),
+            fail: Cell::new(false),
+            fail_after_apply: Rc::default(),
+            calls: RefCell::default(),
         }
-        if !self.hold.get() {
+    }
+
+    fn count(&self, verb: &str) -> usize {
+        self.calls.borrow().iter().filter(|v| **v == verb).count()
+    }
+
+    fn gate<T: 'static>(&self, verb: &'static str, run: impl FnOnce() -> Op<T> + 'static) -> Op<T> {
+        self.calls.borrow_mut().push(verb);
+        if self.fail.get() {
+            return Op::ready(Err(injected()));
+        }
+        let holding = self.hold.get()
+            && self.hold_next.get() != Some(0)
+            && self.hold_verb.get().is_none_or(|v| v == verb);
+        if let (true, Some(n)) = (holding, self.hold_next.get()) {
+            self.hold_next.set(Some(n - 1));
+        }
+        let fail_after = self.fail_after_apply.clone();
+        if !holding && !fail_after.get() {
             return run();
         }
-        let (open, parked) = (self.released.clone(), self.parked.clone());
+        let gate = Rc::new(Gate {
+            open: Cell::new(!holding),
+            ..Default::default()
+        });
+        self.gates.borrow_mut().push(gate.clone());
+        let answer: Box<dyn FnOnce() -> Op<T>> = if self.apply_early.get() || !holding {
+            let applied = run();
+            Box::new(move || applied)
+        } else {
+            Box::new(run)
+        };
         Op::pending(async move {
             std::future::poll_fn(|cx| {
-                if open.get() {
+                if gate.open.get() {
                     std::task::Poll::Ready(())
                 } else {
-                    parked.borrow_mut().push(cx.waker().clone());
+                    *gate.waker.borrow_mut() = Some(cx.waker().clone());
                     std::task::Poll::Pending
                 }
             })
             .await;
-            run().await
+            let answer = answer().await;
+            // Read when the answer comes: a test may decide late how a stuck request ends.
+            if fail_after.get() {
+                return answer.and(Err(injected()));
+            }
+            answer
         })
     }
 }
@@ -58,15 +116,15 @@ impl Backend for Gated {
     }
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let (me, k, t) = (self.inner.clone(), key.to_owned(), token.to_owned());
-        self.gate(move || me.acquire(&k, &t, ttl))
+        self.gate("acquire", move || me.acquire(&k, &t, ttl))
     }
     fn release(&self, key: &str, token: &str) -> Op<bool> {
         let (me, k, t) = (self.inner.clone(), key.to_owned(), token.to_owned());
-        self.gate(move || me.release(&k, &t))
+        self.gate("release", move || me.release(&k, &t))
     }
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let (me, k, t) = (self.inner.clone(), key.to_owned(), token.to_owned());
-        self.gate(move || me.extend(&k, &t, ttl))
+        self.gate("extend", move || me.extend(&k, &t, ttl))
     }
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
         self.inner.is_held(key, token)
@@ -76,7 +134,7 @@ impl Backend for Gated {
     }
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
         let (me, k, t) = (self.inner.clone(), key.to_owned(), token.to_owned());
-        self.gate(move || me.acquire_fenced(&k, &t, ttl))
+        self.gate("acquire", move || me.acquire_fenced(&k, &t, ttl))
     }
     fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
         self.inner.waiter(key)
@@ -96,9 +154,22 @@ impl EventSink for Events {
     }
 }
 
+/// The manual clock, unless a test makes it read something else (NaN, infinity).
+struct Overridable {
+    base: Rc<ManualClock>,
+    value: Cell<Option<f64>>,
+}
+
+impl Clock for Overridable {
+    fn now(&self) -> f64 {
+        self.value.get().unwrap_or_else(|| self.base.now())
+    }
+}
+
 struct Harness {
     pool: LocalPool,
     clock: Rc<ManualClock>,
+    locker_clock: Rc<Overridable>,
     backend: Rc<Gated>,
     events: Rc<Events>,
     locker: Locker,
@@ -112,16 +183,14 @@ impl Harness {
     fn with(configure: impl FnOnce(&mut LockerOptions)) -> Self {
         let pool = LocalPool::new();
         let clock = ManualClock::new(1000.0);
-        let backend = Rc::new(Gated {
-            inner: Rc::new(MemoryBackend::new(clock.clone())),
-            hold: Cell::new(false),
-            released: Rc::new(Cell::new(false)),
-            parked: Rc::default(),
-            fail: Cell::new(false),
-        });
+        let backend = Rc::new(Gated::new(Rc::new(MemoryBackend::new(clock.clone()))));
         let events = Rc::new(Events::default());
+        let locker_clock = Rc::new(Overridable {
+            base: clock.clone(),
+            value: Cell::new(None),
+        });
         let rt = Runtime::system(Rc::new(Spawner(pool.spawner())))
-            .with_clock(clock.clone())
+            .with_clock(locker_clock.clone())
             .with_timer(Rc::new(clock.clone()));
         let mut options = LockerOptions {
             events: Some(events.clone()),
@@ -132,6 +201,7 @@ impl Harness {
         Harness {
             pool,
             clock,
+            locker_clock,
             backend,
             events,
             locker,
@@ -148,16 +218,24 @@ impl Harness {
     }
 
     fn hold_answers(&self) {
-        self.backend.released.set(false);
         self.backend.hold.set(true);
     }
 
     fn let_answers_through(&mut self) {
-        self.backend.released.set(true);
         self.backend.hold.set(false);
-        let parked = std::mem::take(&mut *self.backend.parked.borrow_mut());
-        parked.into_iter().for_each(|w| w.wake());
+        self.open_gates();
         self.pool.run_until_stalled();
+    }
+
+    /// Lets every held answer through without running anything yet.
+    fn open_gates(&self) {
+        let gates = std::mem::take(&mut *self.backend.gates.borrow_mut());
+        for g in gates {
+            g.open.set(true);
+            if let Some(w) = g.waker.take() {
+                w.wake();
+            }
+        }
     }
 
     fn acquire(&mut self, key: &str, options: AcquireOptions) -> Lock {
@@ -215,13 +293,20 @@ fn a_grant_answered_after_the_lease_is_given_back() {
         locker.try_acquire("k", AcquireOptions::new(100)).await
     });
     let attempt = attempt.unwrap();
-    h.run_to(1000.0 + 99.0); // the lease (99 ms locally) passes while the answer is held
-    h.let_answers_through();
+    h.pool.run_until_stalled();
+    // The answer "granted" arrives in the same turn as the clock passes the lease end: it did
+    // arrive, too late to use.
+    h.backend.hold.set(false);
+    h.clock.set(1100.0);
+    h.open_gates();
     let result = h.pool.run_until(attempt);
-    match result {
-        Err(Error::Held { reason, .. }) => assert_eq!(reason, HeldReason::LateAcquire),
+    match &result {
+        Err(Error::Held { reason, .. }) => assert_eq!(*reason, HeldReason::LateAcquire),
         other => panic!("expected late-acquire, got {other:?}"),
     }
+    let message = result.unwrap_err().to_string();
+    assert!(!message.contains("held elsewhere"), "{message}");
+    assert!(message.contains("too slow"), "{message}");
     // The key was given back: another caller gets it at once.
     let other = h
         .pool
@@ -615,4 +700,291 @@ fn validation_names_the_field() {
     assert!(validate_ttl("ttl", 0.0).is_err());
     assert!(validate_ttl("ttl", 1.5).is_err());
     assert!(validate_ttl("ttl", 2_147_483_648.0).is_err());
+}
+
+fn retries(n: u32, delay: f64) -> RetryPolicy {
+    RetryPolicy {
+        retries: Some(n),
+        delay: Delay::Fixed(delay),
+        timeout: None,
+    }
+}
+
+fn is_held_in_backend(h: &mut Harness, lock: &Lock) -> bool {
+    h.pool
+        .run_until(h.backend.inner.is_held(lock.key(), lock.token()))
+        .unwrap()
+}
+
+#[test]
+fn a_late_grant_of_an_abandoned_attempt_never_releases_the_winner() {
+    let mut h = Harness::new();
+    // The first grant is applied at 1000 (backend lease until 1100) but its answer is stuck.
+    h.backend.apply_early.set(true);
+    h.backend.hold_next.set(Some(1));
+    h.hold_answers();
+    let task = h.spawn_acquire("k", AcquireOptions::new(100).with_retry(retries(3, 10.0)));
+    // Attempt 1 is abandoned at 1099; attempt 2 leaves at 1109, after the first lease ran out.
+    h.run_to(1120.0);
+    let lock = h.pool.run_until(task).unwrap();
+    assert_eq!(lock.state(), LockState::Held);
+    // Now the first attempt's "granted" arrives, and is given back.
+    h.let_answers_through();
+    assert!(
+        is_held_in_backend(&mut h, &lock),
+        "the give-back of attempt 1 deleted the lock of attempt 2"
+    );
+    let rival = h
+        .pool
+        .run_until(h.locker.try_acquire("k", AcquireOptions::new(100)))
+        .unwrap();
+    assert!(rival.is_none(), "a second holder was granted the key");
+    assert_eq!(lock.state(), LockState::Held);
+}
+
+#[test]
+fn every_attempt_sends_its_own_token() {
+    let made = Rc::new(Cell::new(0u32));
+    let m = made.clone();
+    let mut h = Harness::with(move |o| {
+        o.token = Some(Rc::new(move || {
+            m.set(m.get() + 1);
+            Ok(format!("t{}", m.get()))
+        }))
+    });
+    let _holder = h.acquire("k", AcquireOptions::new(150));
+    let task = h.spawn_acquire("k", AcquireOptions::new(100).with_retry(retries(5, 100.0)));
+    h.run_to(1400.0);
+    let lock = h.pool.run_until(task).unwrap();
+    // The holder took t1; attempts at 1000 and 1100 were refused (t2, t3); 1200 won with t4.
+    assert_eq!(lock.token(), "t4");
+    assert_eq!(made.get(), 4);
+}
+
+#[test]
+fn a_grant_whose_answer_failed_is_given_back() {
+    let mut h = Harness::with(|o| o.fencing = true);
+    // The grant was applied, then the answer failed (say, a fencing counter write).
+    h.backend.fail_after_apply.set(true);
+    let locker = h.locker.clone();
+    let err = h
+        .pool
+        .run_until(async move { locker.acquire("k", AcquireOptions::new(10_000), None).await })
+        .unwrap_err();
+    assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+    h.backend.fail_after_apply.set(false);
+    h.pool.run_until_stalled();
+    assert!(
+        h.backend.inner.is_empty(),
+        "the grant nobody can use was given back"
+    );
+}
+
+#[test]
+fn an_abandoned_attempt_whose_late_answer_failed_is_given_back() {
+    let mut h = Harness::new();
+    h.backend.apply_early.set(true);
+    h.hold_answers();
+    let policy = RetryPolicy {
+        retries: Some(0),
+        delay: Delay::Fixed(10.0),
+        timeout: Some(50.0),
+    };
+    let task = h.spawn_acquire("k", AcquireOptions::new(10_000).with_retry(policy));
+    h.run_to(1050.0);
+    assert!(h.pool.run_until(task).is_err());
+    // The stuck request was applied; its answer, when it comes, is an error.
+    h.backend.fail_after_apply.set(true);
+    h.backend.hold.set(false);
+    h.let_answers_through();
+    h.backend.fail_after_apply.set(false);
+    h.pool.run_until_stalled();
+    assert!(
+        h.backend.inner.is_empty(),
+        "the applied grant was given back"
+    );
+}
+
+#[test]
+fn a_backend_that_never_answers_is_a_timeout_not_contention() {
+    let mut h = Harness::new();
+    h.hold_answers();
+    let task = h.spawn_acquire("k", AcquireOptions::new(100).with_retry(retries(1, 10.0)));
+    h.run_to(1300.0);
+    match h.pool.run_until(task) {
+        Err(Error::Backend {
+            kind,
+            ref message,
+            ref backend,
+            ..
+        }) => {
+            assert_eq!(kind, BackendErrorKind::Timeout);
+            assert_eq!(backend, "gated");
+            assert!(message.contains("\"k\""), "{message}");
+            assert!(message.contains("acquire"), "{message}");
+        }
+        other => panic!("expected a backend timeout, got {other:?}"),
+    }
+    assert!(!h.events().iter().any(|e| e.starts_with("contended")));
+    let locker = h.locker.clone();
+    let single = h.pool.spawner().spawn_local_with_handle(async move {
+        locker.try_acquire("k", AcquireOptions::new(100)).await
+    });
+    let single = single.unwrap();
+    h.run_to(1500.0);
+    assert!(matches!(
+        h.pool.run_until(single),
+        Err(Error::Backend {
+            kind: BackendErrorKind::Timeout,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn contention_then_silence_is_still_contention() {
+    let mut h = Harness::new();
+    let _holder = h.acquire("k", AcquireOptions::new(10_000));
+    let task = h.spawn_acquire("k", AcquireOptions::new(100).with_retry(retries(1, 10.0)));
+    h.pool.run_until_stalled();
+    // The first attempt was answered "held"; the second gets no answer.
+    h.hold_answers();
+    h.run_to(1300.0);
+    match h.pool.run_until(task) {
+        Err(Error::Held {
+            reason, attempts, ..
+        }) => {
+            assert_eq!(reason, HeldReason::Held);
+            assert_eq!(attempts, 2);
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_grant_and_an_abort_in_the_same_turn_end_aborted_and_given_back() {
+    let mut h = Harness::new();
+    h.hold_answers();
+    let abort = Abort::new();
+    let (locker, a) = (h.locker.clone(), abort.clone());
+    let task = h
+        .pool
+        .spawner()
+        .spawn_local_with_handle(async move {
+            locker
+                .acquire("k", AcquireOptions::new(10_000), Some(a))
+                .await
+        })
+        .unwrap();
+    h.pool.run_until_stalled();
+    h.backend.hold.set(false);
+    h.open_gates();
+    abort.abort();
+    assert!(matches!(h.pool.run_until(task), Err(Error::Aborted)));
+    h.pool.run_until_stalled();
+    assert!(h.backend.inner.is_empty());
+}
+
+#[test]
+fn an_abort_while_acquire_many_refreshes_its_leases_gives_every_lock_back() {
+    let mut h = Harness::new();
+    h.backend.hold_verb.set(Some("extend"));
+    h.hold_answers();
+    let abort = Abort::new();
+    let keys: Vec<String> = vec!["a".into(), "b".into()];
+    let (locker, a) = (h.locker.clone(), abort.clone());
+    let task = h
+        .pool
+        .spawner()
+        .spawn_local_with_handle(async move {
+            locker
+                .acquire_many(&keys, AcquireOptions::new(10_000), Some(a))
+                .await
+        })
+        .unwrap();
+    h.pool.run_until_stalled();
+    assert_eq!(
+        h.backend.inner.len(),
+        2,
+        "both keys taken, a's refresh in flight"
+    );
+    abort.abort();
+    h.let_answers_through();
+    assert!(matches!(h.pool.run_until(task), Err(Error::Aborted)));
+    h.pool.run_until_stalled();
+    assert!(h.backend.inner.is_empty());
+}
+
+#[test]
+fn manual_extends_do_not_start_more_heartbeats() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", heartbeat(900, 60_000.0));
+    for _ in 0..5 {
+        h.pool.run_until(lock.extend(900)).unwrap();
+    }
+    h.run_to(4000.0);
+    assert_eq!(lock.state(), LockState::Held);
+    // Ten heartbeat ticks (1300, 1600, … 4000) and the five manual calls.
+    assert_eq!(h.backend.count("extend"), 15);
+    h.pool.run_until(lock.extend(900)).unwrap();
+    h.run_to(7000.0);
+    assert_eq!(h.backend.count("extend"), 26);
+}
+
+#[test]
+fn a_clock_that_is_not_finite_is_refused_not_spun() {
+    for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let mut h = Harness::new();
+        let holder = h.acquire("k", heartbeat(900, 60_000.0));
+        let before = h.backend.count("acquire");
+        h.locker_clock.value.set(Some(bad));
+        let policy = retries(1_000, 0.0);
+        let locker = h.locker.clone();
+        let err = h
+            .pool
+            .run_until(async move {
+                locker
+                    .acquire("k", AcquireOptions::new(100).with_retry(policy), None)
+                    .await
+            })
+            .unwrap_err();
+        match &err {
+            Error::Validation { field, message } => {
+                assert_eq!(field, "now");
+                assert!(message.contains("finite"), "{message}");
+            }
+            other => panic!("expected a ValidationError on now, got {other:?}"),
+        }
+        assert!(h.backend.count("acquire") - before <= 1, "the loop spun");
+        let err = h
+            .pool
+            .run_until(h.locker.try_acquire("j", AcquireOptions::new(100)))
+            .unwrap_err();
+        assert!(matches!(err, Error::Validation { ref field, .. } if field == "now"));
+        let keys = vec!["x".to_string(), "y".to_string()];
+        let err = h
+            .pool
+            .run_until(h.locker.acquire_many(&keys, AcquireOptions::new(100), None))
+            .unwrap_err();
+        assert!(matches!(err, Error::Validation { ref field, .. } if field == "now"));
+        let extends = h.backend.count("extend");
+        let err = h.pool.run_until(holder.extend(900)).unwrap_err();
+        assert!(matches!(err, Error::Validation { ref field, .. } if field == "now"));
+        assert_eq!(
+            h.backend.count("extend"),
+            extends,
+            "no extension with a made-up ttl"
+        );
+    }
+    let mut h = Harness::new();
+    h.locker_clock.value.set(Some(f64::NAN));
+    let locker = h.locker.clone();
+    let err = h
+        .pool
+        .run_until(async move { locker.acquire("k", AcquireOptions::new(100), None).await })
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid now: the injected clock returned NaN; it must return a finite number of ms"
+    );
 }
