@@ -152,6 +152,10 @@ const hub = {
 const endValues = new Float64Array(3);
 // The calls every lock makes, as raw functions (src/fast.rs): acquireTtl, release, lockEnd.
 const fast = native.init(hub, () => {}, endValues);
+// This load's ids start at realm * 2^40, so that a second load of the facade in the same
+// environment (a cleared require cache) never takes this one's ids.
+const idBase = fast.realm * 2 ** 40;
+nextOp = nextForeign = nextClock = idBase + 1;
 
 /**
  * The result of a native operation: the value itself when it finished within the call
@@ -159,7 +163,7 @@ const fast = native.init(hub, () => {}, endValues);
  */
 function answer(r, opId, map) {
   if (r === PENDING) return wait(opId, map);
-  if (r === FAILED) throw native.takeError();
+  if (r === FAILED) throw native.takeError(fast.realm);
   return r;
 }
 

@@ -9,6 +9,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,7 +41,12 @@ impl Wake for TaskWaker {
     }
     fn wake_by_ref(self: &Arc<Self>) {
         if std::thread::current().id() == self.remote.owner {
-            EXECUTOR.with(|e| e.ready.borrow_mut().push_back(self.id));
+            // A task dropped at teardown may wake another: a closed executor ignores it.
+            let _ = EXECUTOR.try_with(|e| {
+                if !e.closed.get() {
+                    e.ready.borrow_mut().push_back(self.id)
+                }
+            });
             return;
         }
         self.remote
@@ -61,22 +67,28 @@ pub struct Executor {
     ready: RefCell<VecDeque<u64>>,
     next_id: Cell<u64>,
     draining: Cell<bool>,
+    /// Set by `teardown`: nothing runs or is kept from then on.
+    closed: Cell<bool>,
     remote: Arc<Remote>,
 }
 
 thread_local! {
-    pub static EXECUTOR: Executor = Executor {
+    // Never dropped when the thread exits: `teardown` empties it at the environment's cleanup,
+    // in order. At `process.exit()` the thread's destructors run while Node is half gone, and
+    // a task dropped there would wake others into a destroyed thread-local (an abort).
+    pub static EXECUTOR: ManuallyDrop<Executor> = ManuallyDrop::new(Executor {
         tasks: RefCell::default(),
         ready: RefCell::default(),
         next_id: Cell::new(1),
         draining: Cell::new(false),
+        closed: Cell::new(false),
         remote: Arc::new(Remote {
             owner: std::thread::current().id(),
             queue: Mutex::default(),
             scheduled: AtomicBool::new(false),
             wake: OnceLock::new(),
         }),
-    };
+    });
 }
 
 impl Executor {
@@ -84,8 +96,25 @@ impl Executor {
         let _ = self.remote.wake.set(wake);
     }
 
+    /// Drops every task, with wakes ignored from now on: the environment is going away.
+    /// Tasks are dropped outside the table's borrow, since a drop may reach the executor.
+    pub fn teardown(&self) {
+        self.closed.set(true);
+        loop {
+            let tasks = std::mem::take(&mut *self.tasks.borrow_mut());
+            self.ready.borrow_mut().clear();
+            if tasks.is_empty() {
+                break;
+            }
+            drop(tasks);
+        }
+    }
+
     /// Polls `fut` once now; if it is not done, keeps it and polls it when woken.
     pub fn spawn(&self, fut: LocalFuture<()>) {
+        if self.closed.get() {
+            return;
+        }
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         self.poll_task(id, fut);
@@ -105,6 +134,9 @@ impl Executor {
         if let Poll::Ready(v) = fut.as_mut().poll(&mut Context::from_waker(&waker)) {
             return Some(v);
         }
+        if self.closed.get() {
+            return None;
+        }
         let task: LocalFuture<()> = Box::pin(async move { on_done(fut.await) });
         self.tasks.borrow_mut().insert(id, task);
         None
@@ -123,9 +155,10 @@ impl Executor {
         // A panic inside the engine ends this task only; its caller hears of it through the
         // `Guarded` wrapper of the operation.
         match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
-            Ok(Poll::Pending) => {
+            Ok(Poll::Pending) if !self.closed.get() => {
                 self.tasks.borrow_mut().insert(id, fut);
             }
+            Ok(Poll::Pending) => {}
             Ok(Poll::Ready(())) | Err(_) => {}
         }
     }
@@ -164,6 +197,10 @@ pub fn spawn(fut: LocalFuture<()>) {
 
 pub fn drain() {
     EXECUTOR.with(|e| e.drain());
+}
+
+pub fn teardown() {
+    EXECUTOR.with(|e| e.teardown());
 }
 
 /// The engine's spawner: background tasks on this thread's executor.

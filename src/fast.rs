@@ -3,7 +3,6 @@
 //! cost a twentieth of a contended in-memory acquisition; these convert their few arguments
 //! by hand. `init` hands them to the facade.
 
-use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
@@ -12,14 +11,20 @@ use napi::sys;
 use crate::ops::{self, Raw};
 use crate::registry;
 
-thread_local! {
-    /// The facade's Float64Array that `lockEnd` writes a forgotten lock's numbers into.
-    static END_VALUES: Cell<(*mut f64, usize)> = const { Cell::new((ptr::null_mut(), 0)) };
+/// A facade's Float64Array that its `lockEnd` writes a forgotten lock's numbers into; one per
+/// load of the facade, handed to `lockEnd` as its callback data.
+struct EndValues {
+    data: *mut f64,
+    len: usize,
 }
 
-/// The functions, as an object `{ acquireTtl, release, lockEnd }`, after keeping
+/// The functions, as an object `{ acquireTtl, release, lockEnd, realm }`, after keeping
 /// `end_values` (a Float64Array the facade owns for good).
-pub fn functions(env: sys::napi_env, end_values: sys::napi_value) -> napi::Result<sys::napi_value> {
+pub fn functions(
+    env: sys::napi_env,
+    end_values: sys::napi_value,
+    realm: u32,
+) -> napi::Result<sys::napi_value> {
     unsafe {
         let mut data = ptr::null_mut();
         let (mut kind, mut length) = (0, 0);
@@ -37,10 +42,17 @@ pub fn functions(env: sys::napi_env, end_values: sys::napi_value) -> napi::Resul
                 "init: endValues must be a Float64Array",
             ));
         }
-        // The array lives as long as the facade; a reference keeps it even so.
+        // The array lives as long as the facade; a reference keeps it even so, and the small
+        // record pointing at it lives as long (one per load of the facade).
         let mut keep = ptr::null_mut();
-        sys::napi_create_reference(env, end_values, 1, &mut keep);
-        END_VALUES.with(|e| e.set((data.cast(), length)));
+        crate::hub::check(
+            sys::napi_create_reference(env, end_values, 1, &mut keep),
+            "keep the facade's array",
+        )?;
+        let end = Box::into_raw(Box::new(EndValues {
+            data: data.cast(),
+            len: length,
+        }));
 
         let mut object = ptr::null_mut();
         sys::napi_create_object(env, &mut object);
@@ -51,16 +63,25 @@ pub fn functions(env: sys::napi_env, end_values: sys::napi_value) -> napi::Resul
         ];
         for (name, cb) in entries {
             let mut f = ptr::null_mut();
-            sys::napi_create_function(
-                env,
-                name.as_ptr(),
-                name.count_bytes() as isize,
-                cb,
-                ptr::null_mut(),
-                &mut f,
-            );
-            sys::napi_set_named_property(env, object, name.as_ptr(), f);
+            crate::hub::check(
+                sys::napi_create_function(
+                    env,
+                    name.as_ptr(),
+                    name.count_bytes() as isize,
+                    cb,
+                    end.cast(),
+                    &mut f,
+                ),
+                "make a function",
+            )?;
+            crate::hub::check(
+                sys::napi_set_named_property(env, object, name.as_ptr(), f),
+                "set a property",
+            )?;
         }
+        let mut realm_value = ptr::null_mut();
+        sys::napi_create_uint32(env, realm, &mut realm_value);
+        sys::napi_set_named_property(env, object, c"realm".as_ptr(), realm_value);
         Ok(object)
     }
 }
@@ -153,13 +174,27 @@ unsafe extern "C" fn lock_end(
     info: sys::napi_callback_info,
 ) -> sys::napi_value {
     guarded(env, || {
-        let [lock] = args::<1>(env, info);
-        let (data, len) = END_VALUES.with(Cell::get);
-        // SAFETY: the facade's Float64Array, kept alive by a reference, has `len` slots.
-        let out = if data.is_null() {
-            &mut [][..]
+        let mut argv = [ptr::null_mut(); 1];
+        let mut argc = 1;
+        let mut end: *mut std::ffi::c_void = ptr::null_mut();
+        sys::napi_get_cb_info(
+            env,
+            info,
+            &mut argc,
+            argv.as_mut_ptr(),
+            ptr::null_mut(),
+            &mut end,
+        );
+        let lock = if argc == 1 {
+            argv[0]
         } else {
-            std::slice::from_raw_parts_mut(data, len)
+            return crate::hub::null();
+        };
+        // SAFETY: `end` is this facade's record (never freed), and its Float64Array, kept
+        // alive by a reference, has `len` slots.
+        let out = match (end as *const EndValues).as_ref() {
+            Some(e) if !e.data.is_null() => std::slice::from_raw_parts_mut(e.data, e.len),
+            _ => &mut [][..],
         };
         let answer: Raw = match registry::lock_end(number(env, lock), out) {
             Some(token) => Raw(crate::hub::string(&token)),

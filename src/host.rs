@@ -95,12 +95,13 @@ impl Backend for JsBackend {
 
 /// A clock injected as a JavaScript function.
 pub struct JsClock {
-    pub id: u32,
+    /// The facade's id for the function (see `hub::REALM_SPAN`).
+    pub id: f64,
 }
 
 impl Clock for JsClock {
     fn now(&self) -> f64 {
-        match hub::call(Fn_::Now, &[hub::num(self.id as f64)]) {
+        match hub::call_in(hub::realm_of(self.id), Fn_::Now, &[hub::num(self.id)]) {
             Ok(v) => hub::get_f64(v).unwrap_or(f64::NAN),
             Err(_) => f64::NAN,
         }

@@ -2,6 +2,7 @@
 //! Rust never holds user functions, only these. Every call happens on the JavaScript thread.
 
 use std::cell::{Cell, RefCell};
+use std::mem::ManuallyDrop;
 use std::ptr;
 
 use locco_core::{Error, ForeignError};
@@ -32,57 +33,120 @@ pub enum Fn_ {
 
 const COUNT: usize = 9;
 
+/// The ids a facade makes (operations, clocks, thrown values) start at `realm * REALM_SPAN`,
+/// so that two loads of the facade in one environment (a cleared require cache, a test
+/// runner's module registry) never take each other's ids, and each hears of its own.
+pub const REALM_SPAN: f64 = 1_099_511_627_776.0; // 2^40: 8,192 realms within 2^53
+
+/// One load of the facade: its environment handle and trampolines.
+struct Realm {
+    env: sys::napi_env,
+    fns: Vec<sys::napi_ref>,
+}
+
 thread_local! {
+    /// The newest realm's environment: the one values are made in.
     static ENV: Cell<sys::napi_env> = const { Cell::new(ptr::null_mut()) };
-    static FNS: RefCell<Vec<sys::napi_ref>> = const { RefCell::new(Vec::new()) };
+    // Never dropped at thread exit (see `torn_down`).
+    static REALMS: ManuallyDrop<RefCell<Vec<Realm>>> = const { ManuallyDrop::new(RefCell::new(Vec::new())) };
+    static HOOKED: Cell<bool> = const { Cell::new(false) };
 }
 
 pub fn env() -> sys::napi_env {
     ENV.with(|e| e.get())
 }
 
-pub fn set_env(env: sys::napi_env) {
-    ENV.with(|e| e.set(env));
+/// The realm that made `id`.
+pub fn realm_of(id: f64) -> u32 {
+    (id / REALM_SPAN) as u32
 }
 
-pub fn register(env: sys::napi_env, fns: &[sys::napi_value]) -> napi::Result<()> {
+/// Keeps a facade's trampolines; answers its realm.
+pub fn register(env: sys::napi_env, fns: &[sys::napi_value]) -> napi::Result<u32> {
     if fns.len() != COUNT {
         return Err(napi::Error::from_reason(
             "init: wrong number of trampolines",
         ));
     }
-    set_env(env);
-    // Once the environment is torn down, nothing may call into it (late drops at exit).
-    unsafe extern "C" fn torn_down(_arg: *mut std::ffi::c_void) {
-        let _ = FNS.try_with(|f| f.borrow_mut().clear());
-        let _ = ENV.try_with(|e| e.set(ptr::null_mut()));
+    ENV.with(|e| e.set(env));
+    // One teardown per environment, however often the facade is loaded: Node aborts on a
+    // cleanup hook registered twice.
+    if !HOOKED.replace(true) {
+        check(
+            unsafe { sys::napi_add_env_cleanup_hook(env, Some(torn_down), ptr::null_mut()) },
+            "register the environment's cleanup hook",
+        )?;
     }
-    unsafe { sys::napi_add_env_cleanup_hook(env, Some(torn_down), ptr::null_mut()) };
-    let refs = fns
-        .iter()
-        .map(|&f| {
-            let mut r = ptr::null_mut();
-            unsafe { sys::napi_create_reference(env, f, 1, &mut r) };
-            r
-        })
-        .collect();
-    FNS.with(|f| *f.borrow_mut() = refs);
-    Ok(())
+    let mut refs = Vec::with_capacity(fns.len());
+    for &f in fns {
+        let mut r = ptr::null_mut();
+        check(
+            unsafe { sys::napi_create_reference(env, f, 1, &mut r) },
+            "keep a trampoline",
+        )?;
+        refs.push(r);
+    }
+    REALMS.with(|realms| {
+        let mut realms = realms.borrow_mut();
+        realms.push(Realm { env, fns: refs });
+        Ok(realms.len() as u32 - 1)
+    })
 }
 
-/// Calls a trampoline; a JavaScript exception is cleared and reported as `Err`.
+/// An N-API status as a result.
+pub fn check(status: sys::napi_status, what: &str) -> napi::Result<()> {
+    if status == sys::Status::napi_ok {
+        Ok(())
+    } else {
+        Err(napi::Error::from_reason(format!(
+            "locco-rs could not {what} (N-API status {status})"
+        )))
+    }
+}
+
+/// The environment's teardown, in a fixed order: first nothing may call into JavaScript any
+/// more; then the tasks go (so that late wakes find nothing to run); then the operations and
+/// native objects. libuv handles are closed by their own hook (`uv_loop`).
+unsafe extern "C" fn torn_down(_arg: *mut std::ffi::c_void) {
+    ENV.with(|e| e.set(ptr::null_mut()));
+    let realms = REALMS.with(|r| std::mem::take(&mut *r.borrow_mut()));
+    // The references die with the environment; deleting them now would call into it.
+    std::mem::forget(realms);
+    crate::executor::teardown();
+    crate::ops::teardown();
+    crate::registry::teardown();
+    crate::executor::teardown();
+}
+
+/// Calls a trampoline of the newest facade; see `call_in`.
 pub fn call(which: Fn_, args: &[sys::napi_value]) -> Result<sys::napi_value, sys::napi_value> {
-    let env = ENV.try_with(|e| e.get()).unwrap_or(ptr::null_mut());
-    let func_ref = FNS
-        .try_with(|f| f.borrow().get(which as usize).copied())
-        .ok()
-        .flatten();
-    let (Some(func_ref), false) = (func_ref, env.is_null()) else {
+    let newest = REALMS.with(|r| r.borrow().len().saturating_sub(1)) as u32;
+    call_in(newest, which, args)
+}
+
+/// Calls a trampoline of facade `realm`; a JavaScript exception is cleared and reported as
+/// `Err`. After teardown every call is an `Err`.
+pub fn call_in(
+    realm: u32,
+    which: Fn_,
+    args: &[sys::napi_value],
+) -> Result<sys::napi_value, sys::napi_value> {
+    let target = REALMS.with(|r| {
+        r.borrow()
+            .get(realm as usize)
+            .map(|realm| (realm.env, realm.fns[which as usize]))
+    });
+    let Some((env, func_ref)) = target.filter(|(env, _)| !env.is_null() && !self::env().is_null())
+    else {
         return Err(ptr::null_mut());
     };
     unsafe {
         let mut func = ptr::null_mut();
-        sys::napi_get_reference_value(env, func_ref, &mut func);
+        if sys::napi_get_reference_value(env, func_ref, &mut func) != sys::Status::napi_ok
+            || func.is_null()
+        {
+            return Err(ptr::null_mut());
+        }
         let mut out = ptr::null_mut();
         let status =
             sys::napi_call_function(env, undefined(), func, args.len(), args.as_ptr(), &mut out);
@@ -158,9 +222,16 @@ fn set(obj: sys::napi_value, name: &str, value: sys::napi_value) {
     unsafe { sys::napi_set_property(env(), obj, key, value) };
 }
 
-/// The JavaScript error object for `err`, built by the facade's classes. A host error is
-/// the very object the host threw.
+/// The JavaScript error object for `err`, built by the newest facade's classes.
 pub fn error_value(err: &Error) -> sys::napi_value {
+    let newest = REALMS.with(|r| r.borrow().len().saturating_sub(1)) as u32;
+    error_value_in(newest, err)
+}
+
+/// The JavaScript error object for `err`, built by the classes of facade `realm`. A host
+/// error is the very object the host threw, kept by the facade that received it.
+pub fn error_value_in(realm: u32, err: &Error) -> sys::napi_value {
+    let mut realm = realm;
     let d = object();
     let code = match err {
         Error::Held {
@@ -179,7 +250,7 @@ pub fn error_value(err: &Error) -> sys::napi_value {
             set(d, "key", string(key));
             set(d, "reason", string(reason.as_str()));
             if let Some(c) = cause {
-                set(d, "cause", error_value(c));
+                set(d, "cause", error_value_in(realm, c));
             }
             "LOCK_LOST"
         }
@@ -210,6 +281,7 @@ pub fn error_value(err: &Error) -> sys::napi_value {
             "LOCK_REDIS_REPLICATION"
         }
         Error::Foreign(f) => {
+            realm = realm_of(f.id as f64);
             set(d, "foreignId", num(f.id as f64));
             "FOREIGN"
         }
@@ -218,12 +290,12 @@ pub fn error_value(err: &Error) -> sys::napi_value {
     };
     set(d, "code", string(code));
     set(d, "message", string(&err.to_string()));
-    call(Fn_::MakeError, &[d]).unwrap_or_else(|exc| exc)
+    call_in(realm, Fn_::MakeError, &[d]).unwrap_or_else(|exc| exc)
 }
 
 /// Wraps a host error id that the facade stored.
 pub fn foreign(id: f64) -> Error {
     Error::Foreign(ForeignError::new(id as u64, |id| {
-        let _ = call(Fn_::ForgetError, &[num(id as f64)]);
+        let _ = call_in(realm_of(id as f64), Fn_::ForgetError, &[num(id as f64)]);
     }))
 }

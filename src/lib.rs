@@ -26,7 +26,8 @@ use napi_derive::napi;
 use ops::Raw;
 
 /// Registers the facade's trampolines (an object of functions) and the function the timer
-/// thread calls to wake the event loop; answers the raw per-lock functions (see `fast`).
+/// thread calls to wake the event loop; answers the raw per-lock functions (see `fast`) and
+/// the facade's `realm` (see `hub::REALM_SPAN`).
 #[napi(catch_unwind)]
 pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unknown) -> Result<Raw> {
     let names = [
@@ -45,7 +46,7 @@ pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unkno
         let f: Unknown = hub_fns.get_named_property(name)?;
         fns.push(f.raw());
     }
-    hub::register(env.raw(), &fns)?;
+    let realm = hub::register(env.raw(), &fns)?;
     let tsfn = wake
         .build_threadsafe_function::<()>()
         .weak::<true>()
@@ -54,13 +55,13 @@ pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unkno
             Ok(())
         })?;
     executor::EXECUTOR.with(|e| e.set_wake(tsfn));
-    fast::functions(env.raw(), end_values.raw()).map(Raw)
+    fast::functions(env.raw(), end_values.raw(), realm).map(Raw)
 }
 
-/// The error behind the last `FAILED` answer.
+/// The error behind the last `FAILED` answer, made by facade `realm`'s classes.
 #[napi(catch_unwind)]
-pub fn take_error() -> Raw {
-    ops::take_error()
+pub fn take_error(realm: u32) -> Raw {
+    ops::take_error(realm)
 }
 
 /// JavaScript's answer to a host call: `kind` 0 boolean, 1 number, 2 null, 3 error (`value`

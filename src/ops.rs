@@ -6,6 +6,7 @@
 use locco_core::IdMap;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
@@ -73,16 +74,26 @@ impl Answer {
 }
 
 thread_local! {
-    static LAST_ERROR: RefCell<Option<Error>> = const { RefCell::new(None) };
+    // Like every thread-local of the binding, never dropped at thread exit: see `teardown`.
+    static LAST_ERROR: ManuallyDrop<RefCell<Option<Error>>> = const { ManuallyDrop::new(RefCell::new(None)) };
 }
 
-/// The error of the last export that answered `FAILED`, as a JavaScript value.
-pub fn take_error() -> Raw {
+/// The error of the last export that answered `FAILED`, as a JavaScript value of the facade
+/// `realm` (the one that called).
+pub fn take_error(realm: u32) -> Raw {
     let err = LAST_ERROR.with(|e| e.borrow_mut().take());
     Raw(match err {
-        Some(e) => hub::error_value(&e),
+        Some(e) => hub::error_value_in(realm, &e),
         None => hub::undefined(),
     })
+}
+
+/// Forgets every operation and host call at the environment's teardown. Dropped outside the
+/// borrows: a drop may reach back here.
+pub fn teardown() {
+    let err = LAST_ERROR.with(|e| e.borrow_mut().take());
+    let waiting = WAITING.with(|w| std::mem::take(&mut *w.borrow_mut()));
+    drop((err, waiting));
 }
 
 /// Answers `FAILED` now, keeping `err` for `takeError()`.
@@ -101,12 +112,15 @@ fn flatten(r: Result<Result<Answer, Error>, String>) -> Result<Answer, Error> {
 
 /// Runs an engine operation for JavaScript (see the module docs).
 pub fn run(op_id: f64, fut: impl Future<Output = Result<Answer, Error>> + 'static) -> Raw {
+    // The facade that started the operation hears of its end (see `hub::realm_of`).
+    let realm = hub::realm_of(op_id);
     let settle = move |r| {
         let (value, is_error) = match flatten(r) {
             Ok(a) => (a.to_js(), false),
-            Err(e) => (hub::error_value(&e), true),
+            Err(e) => (hub::error_value_in(realm, &e), true),
         };
-        let _ = hub::call(
+        let _ = hub::call_in(
+            realm,
             Fn_::Settle,
             &[hub::num(op_id), value, hub::boolean(is_error)],
         );
@@ -136,7 +150,7 @@ struct Slot {
 }
 
 thread_local! {
-    static WAITING: RefCell<IdMap<u64, Rc<RefCell<Slot>>>> = RefCell::default();
+    static WAITING: ManuallyDrop<RefCell<IdMap<u64, Rc<RefCell<Slot>>>>> = ManuallyDrop::default();
     static NEXT_OP: Cell<u64> = const { Cell::new(1) };
 }
 

@@ -54,7 +54,14 @@ struct Registry {
 }
 
 thread_local! {
-    static REG: RefCell<Registry> = RefCell::default();
+    // Never dropped at thread exit; emptied by `teardown` at the environment's cleanup.
+    static REG: std::mem::ManuallyDrop<RefCell<Registry>> = std::mem::ManuallyDrop::default();
+}
+
+/// Drops every native object at the environment's teardown, outside the registry's borrow.
+pub fn teardown() {
+    let reg = REG.with(|r| std::mem::take(&mut *r.borrow_mut()));
+    drop(reg);
 }
 
 fn next_id() -> u32 {
@@ -114,7 +121,7 @@ fn at_least_one(field: &str, v: Option<f64>) -> Result<Option<u64>, Error> {
 
 /// An in-memory adapter. `clock_id`: an injected clock (see `now`), else the monotonic clock.
 #[napi(catch_unwind)]
-pub fn create_memory_adapter(clock_id: Option<u32>) -> u32 {
+pub fn create_memory_adapter(clock_id: Option<f64>) -> u32 {
     let backend = match clock_id {
         Some(id) => MemoryBackend::new(Rc::new(JsClock { id })),
         None => MemoryBackend::default(),
@@ -485,7 +492,7 @@ pub fn create_locker(
     delay_id: Option<u32>,
     timeout: Option<f64>,
     events: bool,
-    clock_id: Option<u32>,
+    clock_id: Option<f64>,
     custom_token: bool,
 ) -> Raw {
     let build = || -> Result<u32, Error> {
