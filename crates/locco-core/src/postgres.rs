@@ -502,8 +502,7 @@ impl Inner {
         self.table_ready
             .get_or_try_init(|| async {
                 if self.options.create_table {
-                    let ddl = locks_ddl(&self.names.plain).map_err(config_failure)?;
-                    return client.batch_execute(&ddl).await.map_err(|e| self.failure(e));
+                    return self.create_table(client).await;
                 }
                 let row = client
                     .query_one(
@@ -533,6 +532,32 @@ impl Inner {
             })
             .await
             .map(|_| ())
+    }
+
+    /// Creates the table and sequence, safely when several processes start at once: two
+    /// concurrent `CREATE … IF NOT EXISTS` of one name can both pass the existence check and
+    /// one then fails on a catalog index (`pg_type_typname_nsp_index`). A transaction-scoped
+    /// advisory lock on the name serialises our creators; the lock ends with the implicit
+    /// transaction of the one query string (no explicit BEGIN, so a failure cannot leave the
+    /// pooled connection inside an aborted transaction). A creator outside that lock (a
+    /// migration) can still collide, so a duplicate error means "made meanwhile": try once
+    /// more, and the IF NOT EXISTS then finds it.
+    async fn create_table(&self, client: &tokio_postgres::Client) -> Result<(), Failure> {
+        let ddl = locks_ddl(&self.names.plain).map_err(config_failure)?;
+        // The name is a checked identifier (letters, digits, _, $ and one dot): safe to quote.
+        let guarded = format!(
+            "SELECT pg_advisory_xact_lock(hashtext('locco-rs create table {}'));\n{ddl}",
+            self.names.plain
+        );
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match client.batch_execute(&guarded).await {
+                Ok(()) => return Ok(()),
+                Err(e) if tries < 2 && is_duplicate(&e) => continue,
+                Err(e) => return Err(self.failure(e)),
+            }
+        }
     }
 
     /// Checks the fence sequence once, before the first fenced acquire.
@@ -567,6 +592,15 @@ impl Inner {
             .await
             .map(|_| ())
     }
+}
+
+/// An object of that name appeared between the existence check and the insert in the catalog.
+fn is_duplicate(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::UNIQUE_VIOLATION
+            || *c == SqlState::DUPLICATE_TABLE
+            || *c == SqlState::DUPLICATE_OBJECT
+    })
 }
 
 /// A set-up problem found on the server: reported as a `ValidationError` on `tableName`.
