@@ -69,6 +69,9 @@ pub(crate) struct LockInner {
     pub ending_reported: Cell<bool>,
     pub releasing: Cell<bool>,
     pub extending: Cell<u32>,
+    /// The earliest lease end any extension of the current overlapping group (requests in
+    /// flight at the same time, transitively) would give.
+    pub group_min: Cell<f64>,
     pub last_extend_error: RefCell<Option<Error>>,
     pub heartbeat_stopped: Cell<bool>,
     /// Somebody listens for the loss: expiry is checked on a timer, not only when read.
@@ -367,7 +370,24 @@ async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> 
         }
         ttl = ttl.min(left as u32);
     }
+    let end = lease_end(sent_at, ttl);
+    // Extensions in flight together may be applied in any order, and the backend may apply one
+    // before its answer comes back, or without an answer ever coming. So from now on the lease
+    // can end as early as this request's lease would, and as early as any request of the same
+    // overlapping group.
+    let group_min = if inner.extending.get() == 0 {
+        end
+    } else {
+        inner.group_min.get().min(end)
+    };
+    inner.group_min.set(group_min);
     inner.extending.set(inner.extending.get() + 1);
+    if end < inner.lease_end.get() {
+        inner.lease_end.set(end);
+        if inner.watched.get() || inner.heartbeat.is_some() {
+            inner.schedule(end, Due::Expiry);
+        }
+    }
     let op = inner.shared.backend.extend(&inner.key, &inner.token, ttl);
     let answer = match first(op, inner.lease_over()).await {
         First::Left(r) => Some(r),
@@ -383,7 +403,9 @@ async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> 
     match answer {
         None => Err(inner.lost_error()),
         Some(Ok(true)) => {
-            let end = crate::lock::lease_end(sent_at, ttl);
+            // Whichever request of the group the backend applied last sets its lease, which
+            // ends no earlier than the group's earliest end.
+            let end = inner.group_min.get();
             inner.lease_end.set(end);
             inner.clamped.set(ttl < inner.ttl.get());
             *inner.last_extend_error.borrow_mut() = None;

@@ -463,6 +463,7 @@ impl Locker {
             ending_reported: Cell::new(false),
             releasing: Cell::new(false),
             extending: Cell::new(0),
+            group_min: Cell::new(f64::INFINITY),
             last_extend_error: RefCell::new(None),
             heartbeat_stopped: Cell::new(false),
             watched: Cell::new(watched),
@@ -566,8 +567,16 @@ impl Locker {
         match outcome {
             Ok(()) => Ok(locks),
             Err(e) => {
-                for lock in &locks {
-                    let _ = lock.release(true).await;
+                for lock in locks {
+                    // A held lock's release is bounded by its lease; any other's answer can
+                    // take as long as the backend likes, and the error should not wait for it.
+                    if lock.state() == LockState::Held {
+                        let _ = lock.release(true).await;
+                    } else {
+                        self.shared.rt.spawner.spawn(Box::pin(async move {
+                            let _ = lock.release(true).await;
+                        }));
+                    }
                 }
                 Err(e)
             }

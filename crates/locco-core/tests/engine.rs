@@ -227,6 +227,16 @@ impl Harness {
         self.pool.run_until_stalled();
     }
 
+    /// Lets the `n`th request held so far through, and runs what follows.
+    fn open_gate(&mut self, n: usize) {
+        let gate = self.backend.gates.borrow()[n].clone();
+        gate.open.set(true);
+        if let Some(w) = gate.waker.take() {
+            w.wake();
+        }
+        self.pool.run_until_stalled();
+    }
+
     /// Lets every held answer through without running anything yet.
     fn open_gates(&self) {
         let gates = std::mem::take(&mut *self.backend.gates.borrow_mut());
@@ -987,4 +997,95 @@ fn a_clock_that_is_not_finite_is_refused_not_spun() {
         err.to_string(),
         "invalid now: the injected clock returned NaN; it must return a finite number of ms"
     );
+}
+
+#[test]
+fn a_shorter_extension_still_in_flight_shortens_the_lease_at_once() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", AcquireOptions::new(1000));
+    // Applied at once (backend lease until 1100), answer stuck.
+    h.backend.apply_early.set(true);
+    h.hold_answers();
+    let l2 = lock.clone();
+    let _extend = h
+        .pool
+        .spawner()
+        .spawn_local_with_handle(async move { l2.extend(100).await })
+        .unwrap();
+    h.run_to(1098.0);
+    assert_eq!(lock.state(), LockState::Held);
+    h.run_to(1100.0);
+    assert!(!is_held_in_backend(&mut h, &lock));
+    assert_eq!(
+        lock.state(),
+        LockState::Lost,
+        "the lock read held after the lease the backend may have applied"
+    );
+    assert_eq!(lock.lost_reason(), Some(LostReason::LateExtend));
+}
+
+#[test]
+fn extensions_answered_out_of_order_keep_the_earlier_lease_end() {
+    let mut h = Harness::new();
+    let lock = h.acquire("k", AcquireOptions::new(1000));
+    h.hold_answers();
+    // The first extension (300 ms) is stuck on its way to the backend; the second (600 ms) is
+    // applied at once but its answer is stuck on the way back.
+    for (ttl, early) in [(300, false), (600, true)] {
+        h.backend.apply_early.set(early);
+        let l = lock.clone();
+        h.pool
+            .spawner()
+            .spawn_local(async move {
+                let _ = l.extend(ttl).await;
+            })
+            .unwrap();
+        h.pool.run_until_stalled();
+    }
+    assert_eq!(h.backend.gates.borrow().len(), 2);
+    // At 1010 the first is applied, last (the backend now holds the key until 1310), and
+    // answered; at 1020 the second's answer arrives.
+    h.run_to(1010.0);
+    h.open_gate(0);
+    h.run_to(1020.0);
+    h.open_gate(1);
+    h.run_to(1297.0);
+    assert_eq!(
+        lock.state(),
+        LockState::Lost,
+        "ends with the earlier of the two leases"
+    );
+    h.run_to(1400.0);
+    assert!(!is_held_in_backend(&mut h, &lock));
+}
+
+#[test]
+fn acquire_many_does_not_wait_for_the_release_of_a_lost_lock() {
+    use futures_util::FutureExt;
+    let mut h = Harness::new();
+    let _holder = h.acquire("b", AcquireOptions::new(10_000));
+    let keys: Vec<String> = vec!["a".into(), "b".into()];
+    let locker = h.locker.clone();
+    let task = h
+        .pool
+        .spawner()
+        .spawn_local_with_handle(async move {
+            locker
+                .acquire_many(
+                    &keys,
+                    AcquireOptions::new(100).with_retry(retries(1, 200.0)),
+                    None,
+                )
+                .await
+        })
+        .unwrap();
+    h.pool.run_until_stalled();
+    // a's lease runs out while b is awaited; the release of a then gets no answer.
+    h.backend.hold_verb.set(Some("release"));
+    h.hold_answers();
+    h.run_to(1300.0);
+    match task.now_or_never() {
+        Some(Err(e)) => assert!(e.is_contention(), "{e:?}"),
+        other => panic!("acquire_many is still waiting: {other:?}"),
+    }
 }
