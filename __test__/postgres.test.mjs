@@ -1,9 +1,76 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { Locker, LockHeldError, ValidationError } from 'locco-rs';
+import { Locker, ValidationError } from 'locco-rs';
 import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
 import { freePort, makeTestCertificates, startPostgres } from './support/servers.mjs';
 import { sleep, until } from './support/adapters.mjs';
+
+/** `url` with one more query parameter. */
+const withParam = (url, param) => `${url}${url.includes('?') ? '&' : '?'}${param}`;
+
+/** How many sessions run the `holdRow` sleep for `table` (not counting the asker). */
+const sleepingHolders = (pg, table) =>
+  pg.psql(`SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%pg_sleep(120), ''hold ${table}''%' AND pid <> pg_backend_pid()`);
+
+/**
+ * A psql session that row-locks `key` of `table`; resolves once it holds it. `end()` kills psql
+ * and its server backend (which would otherwise sleep on with the row lock).
+ */
+async function holdRow(pg, table, key) {
+  const child = pg.session(`BEGIN; SELECT * FROM ${table} WHERE key = '${key}' FOR UPDATE; SELECT pg_sleep(120), 'hold ${table}';\n`);
+  await until(() => sleepingHolders(pg, table) === '1', 15_000);
+  return {
+    end() {
+      child.kill();
+      pg.psql(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(120), ''hold ${table}''%' AND pid <> pg_backend_pid()`);
+    },
+  };
+}
+
+/** A statement stuck behind a row lock gives no answer: a backend timeout, not contention. */
+const noAnswer = (e) => e?.code === 'LOCK_BACKEND' && e.backend === 'postgres' && e.kind === 'timeout';
+
+/**
+ * An acquire blocked behind another transaction's row lock is abandoned at its budget: its
+ * statement must be cancelled on the server, its connection closed rather than pooled (so a
+ * late cancel cannot hit a later statement), and the pool must serve the next call at once.
+ */
+async function abandonedStatementIsCancelled(pg, url, table) {
+  const app = `locco_${table}`;
+  const adapter = new PostgresAdapter({ url: withParam(url, `application_name=${app}`), tableName: table, poolSize: 1 });
+  const locker = new Locker({ adapter });
+  await locker.acquire('row', { ttl: 100 });
+  const pid = pg.psql(`SELECT pid FROM pg_stat_activity WHERE application_name = '${app}'`);
+  assert.match(pid, /^\d+$/, 'one pooled connection');
+  await sleep(150); // expired, but the row is still there
+  const session = await holdRow(pg, table, 'row');
+  try {
+    const started = performance.now();
+    const err = await locker.acquire('row', { ttl: 5000, retry: { timeout: 300 } }).catch((e) => e);
+    assert.ok(noAnswer(err), String(err));
+    assert.ok(performance.now() - started < 3000, `took ${performance.now() - started} ms`);
+    // The blocked statement is cancelled on the server…
+    const blocked = () => pg.psql(`SELECT count(*) FROM pg_stat_activity WHERE application_name = '${app}' AND wait_event_type = 'Lock'`);
+    await until(() => blocked() === '0', 10_000).catch(() => assert.fail('the abandoned statement still waits for the row lock'));
+    // …and its connection is closed, not handed back to the pool.
+    const alive = () => pg.psql(`SELECT count(*) FROM pg_stat_activity WHERE pid = ${pid}`);
+    await until(() => alive() === '0', 10_000).catch(() => assert.fail('the cancelled connection is still open'));
+    // The cancel hit our statement only: the holder still sleeps with its row lock.
+    assert.equal(sleepingHolders(pg, table), '1');
+    // The pool (of one) serves the next acquire on a fresh connection.
+    const t = performance.now();
+    const next = await locker.tryAcquire('elsewhere', { ttl: 5000 });
+    assert.notEqual(next, null);
+    assert.ok(performance.now() - t < 3000, `next acquire took ${performance.now() - t} ms`);
+    assert.equal(await next.release(), true);
+    const fresh = pg.psql(`SELECT pid FROM pg_stat_activity WHERE application_name = '${app}'`);
+    assert.match(fresh, /^\d+$/);
+    assert.notEqual(fresh, pid);
+  } finally {
+    session.end();
+  }
+  adapter.close();
+}
 
 describe('PostgresAdapter', () => {
   let pg;
@@ -93,7 +160,7 @@ describe('PostgresAdapter', () => {
       const started = performance.now();
       const err = await locker.acquire('row', { ttl: 5000, retry: { timeout: 300 } }).catch((e) => e);
       const took = performance.now() - started;
-      assert.ok(err instanceof LockHeldError, String(err));
+      assert.ok(noAnswer(err), String(err));
       assert.ok(took < 1500, `took ${took} ms`);
       // Pool exhaustion is bounded too: two callers share the one connection, the second
       // waiting for it, and both return within their budgets.
@@ -102,7 +169,7 @@ describe('PostgresAdapter', () => {
         locker.acquire('row', { ttl: 5000, retry: { timeout: 300 } }).catch((e) => e),
         locker.acquire('row', { ttl: 5000, retry: { timeout: 300 } }).catch((e) => e),
       ]);
-      assert.ok(both.every((e) => e instanceof LockHeldError), String(both));
+      assert.ok(both.every(noAnswer), String(both));
       assert.ok(performance.now() - t1 < 2000, `pool wait took ${performance.now() - t1} ms`);
       // The one pooled connection is healthy: the blocked statement was cancelled.
       const t2 = performance.now();
@@ -112,6 +179,55 @@ describe('PostgresAdapter', () => {
       session.kill();
     }
     await held.release();
+  });
+
+  it('cancels an abandoned statement and discards its connection (no TLS)', async () => {
+    await abandonedStatementIsCancelled(pg, pg.url, 'cancelplain');
+  });
+
+  it('a statement timeout on every connection bounds a statement nobody cancels', async () => {
+    // With connectTimeout 1000 the default statement timeout is 2 s; the acquire's own
+    // lease (30 s) would wait far longer.
+    const app = 'locco_stmt_timeout';
+    const adapter = new PostgresAdapter({ url: withParam(pg.url, `application_name=${app}`), tableName: 'stmttimeout', poolSize: 1, connectTimeout: 1000 });
+    const locker = new Locker({ adapter });
+    await locker.acquire('row', { ttl: 100 });
+    await sleep(150);
+    const session = await holdRow(pg, 'stmttimeout', 'row');
+    try {
+      const started = performance.now();
+      const err = await locker.acquire('row', { ttl: 30_000, retry: { retries: 0 } }).catch((e) => e);
+      const took = performance.now() - started;
+      assert.equal(err.code, 'LOCK_BACKEND', String(err));
+      assert.equal(err.kind, 'timeout');
+      assert.equal(err.serverCode, '57014');
+      assert.ok(took > 1500 && took < 15_000, `took ${took} ms`);
+      assert.equal(pg.psql(`SELECT count(*) FROM pg_stat_activity WHERE application_name = '${app}' AND wait_event_type = 'Lock'`), '0');
+      assert.notEqual(await locker.tryAcquire('elsewhere', { ttl: 1000 }), null);
+    } finally {
+      session.end();
+    }
+    adapter.close();
+  });
+
+  it('a statement_timeout in the URL options is kept', async () => {
+    const app = 'locco_own_timeout';
+    const url = withParam(pg.url, `application_name=${app}&options=${encodeURIComponent('-c statement_timeout=700')}`);
+    const adapter = new PostgresAdapter({ url, tableName: 'owntimeout', poolSize: 1 });
+    const locker = new Locker({ adapter });
+    await locker.acquire('row', { ttl: 100 });
+    await sleep(150);
+    const session = await holdRow(pg, 'owntimeout', 'row');
+    try {
+      const started = performance.now();
+      const err = await locker.acquire('row', { ttl: 30_000, retry: { retries: 0 } }).catch((e) => e);
+      const took = performance.now() - started;
+      assert.equal(err.serverCode, '57014', String(err));
+      assert.ok(took > 500 && took < 5000, `took ${took} ms`);
+    } finally {
+      session.end();
+    }
+    adapter.close();
   });
 
   it('sweepExpired removes expired rows and answers how many', async () => {
@@ -180,6 +296,10 @@ describe('PostgresAdapter over TLS', () => {
     assert.ok(Number(pg.psql(ours)) >= 1, 'the adapter connected with TLS');
     const encrypted = new PostgresAdapter({ url: `${pg.url}?sslmode=require` });
     assert.notEqual(await new Locker({ adapter: encrypted }).tryAcquire('tls2', { ttl: 1000 }), null);
+  });
+
+  it('cancels an abandoned statement over TLS and discards its connection', async () => {
+    await abandonedStatementIsCancelled(pg, `${pg.url}?sslmode=require`, 'canceltls');
   });
 
   it('refuses a certificate it cannot verify', async () => {

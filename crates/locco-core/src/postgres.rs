@@ -4,12 +4,15 @@
 //! the fenced acquire takes `nextval` of `<table>_fence` in the same statement. Release and
 //! extend compare the token, and extend never revives an expired row. A statement the engine
 //! stops waiting for (its budget ran out, say, behind another transaction's row lock) is
-//! cancelled on the server, so its pooled connection comes back healthy.
+//! cancelled on the server and its connection closed, never pooled again; a statement timeout
+//! on every connection bounds what no cancel reaches.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime as PoolRuntime};
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime as PoolRuntime,
+};
 use tokio_postgres::error::SqlState;
 
 use crate::backend::{Backend, Op};
@@ -37,6 +40,11 @@ pub struct PostgresOptions {
     pub connect_timeout_ms: u64,
     /// PEM certificate(s) to trust for TLS, instead of the system's roots.
     pub tls_ca: Option<Vec<u8>>,
+    /// Milliseconds after which the server itself stops a statement, set on each new
+    /// connection. `None`: twice `connect_timeout_ms`, at least one second (10 s by default).
+    /// `Some(0)`: leave the server's setting. Either way a `statement_timeout` already in
+    /// force (from the URL's `options`, the role, the database or the server) is kept.
+    pub statement_timeout_ms: Option<u64>,
 }
 
 impl PostgresOptions {
@@ -48,6 +56,20 @@ impl PostgresOptions {
             pool_size: 10,
             connect_timeout_ms: 5000,
             tls_ca: None,
+            statement_timeout_ms: None,
+        }
+    }
+
+    /// The statement timeout to set, if any. Our statements touch one row and take
+    /// milliseconds; one that runs for twice the time we allow just to reach the server is
+    /// stuck behind a lock, and the engine normally cancels it long before. The timeout is the
+    /// backstop for when that cancel cannot arrive (the network to the server broke, or this
+    /// process died while the statement waited).
+    fn statement_timeout(&self) -> Option<u64> {
+        match self.statement_timeout_ms {
+            Some(0) => None,
+            Some(ms) => Some(ms),
+            None => Some(self.connect_timeout_ms.saturating_mul(2).max(1000)),
         }
     }
 }
@@ -174,6 +196,8 @@ struct Inner {
     names: Names,
     sql: Statements,
     pool: Pool,
+    /// The connections' TLS set-up, which a cancel request must use too.
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
     secrets: Vec<String>,
     /// The table (and, once fencing is used, the sequence) has been made or checked.
     table_ready: tokio::sync::OnceCell<()>,
@@ -326,20 +350,41 @@ impl PostgresBackend {
                 ))
             }
         };
-        let manager = match verify {
-            None if options.tls_ca.is_none() => {
-                Manager::from_config(config, tokio_postgres::NoTls, manager_config)
-            }
+        let (manager, tls) = match verify {
+            None if options.tls_ca.is_none() => (
+                Manager::from_config(config, tokio_postgres::NoTls, manager_config),
+                None,
+            ),
             _ => {
                 config.ssl_mode(tokio_postgres::config::SslMode::Require);
                 let tls = tls_config(verify.unwrap_or(true), options.tls_ca.as_deref())?;
                 let connector = tokio_postgres_rustls::MakeRustlsConnect::new(tls);
-                Manager::from_config(config, connector, manager_config)
+                (
+                    Manager::from_config(config, connector.clone(), manager_config),
+                    Some(connector),
+                )
             }
         };
-        let pool = Pool::builder(manager)
+        let mut pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
-            .runtime(PoolRuntime::Tokio1)
+            .runtime(PoolRuntime::Tokio1);
+        if let Some(ms) = options.statement_timeout() {
+            // Only where none is in force: a timeout the operator chose (role, database, URL
+            // options) wins. A SET rather than a startup option, which poolers such as
+            // PgBouncer refuse.
+            let set: Arc<str> = format!(
+                "SELECT set_config('statement_timeout', '{ms}', false) \
+                 WHERE current_setting('statement_timeout') = '0'"
+            )
+            .into();
+            pool = pool.post_create(Hook::async_fn(move |client, _| {
+                let set = set.clone();
+                Box::pin(
+                    async move { client.batch_execute(&set).await.map_err(HookError::Backend) },
+                )
+            }));
+        }
+        let pool = pool
             .build()
             .map_err(|e| Error::validation("poolSize", e.to_string()))?;
         let sql = Statements::new(&names);
@@ -349,6 +394,7 @@ impl PostgresBackend {
                 names,
                 sql,
                 pool,
+                tls,
                 secrets,
                 table_ready: tokio::sync::OnceCell::new(),
                 sequence_ready: tokio::sync::OnceCell::new(),
@@ -370,10 +416,12 @@ impl PostgresBackend {
         self.run(|inner, abandon| async move {
             let client = inner.client(&abandon).await?;
             inner.ready(&client).await?;
-            client
-                .execute(&inner.sql.sweep, &[])
-                .await
-                .map_err(|e| inner.failure(e))
+            let delete = client.execute(&inner.sql.sweep, &[]);
+            let (answer, discard) = inner.cancellable(&client, &abandon, delete).await;
+            if discard {
+                drop(deadpool_postgres::Object::take(client));
+            }
+            answer
         })
     }
 
@@ -407,23 +455,16 @@ impl PostgresBackend {
                 .prepare_cached(sql)
                 .await
                 .map_err(|e| inner.failure(e))?;
-            if abandon.is_abandoned() {
-                let late = "the statement was not sent: its caller gave up waiting";
-                return Err(Failure::new("postgres", BackendErrorKind::Timeout, late));
-            }
-            // From here a cancel request is what stops the statement early.
-            // The cancel request goes without TLS: it carries only the backend's key.
-            let cancel = client.cancel_token();
-            abandon.set(move || {
-                io::runtime()
-                    .spawn(async move { cancel.cancel_query(tokio_postgres::NoTls).await });
-            });
-            let rows = match ttl {
-                Some(ttl) => client.query(&statement, &[&key, &token, &ttl]).await,
-                None => client.query(&statement, &[&key, &token]).await,
+            let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = match &ttl {
+                Some(ttl) => &[&key, &token, ttl],
+                None => &[&key, &token],
             };
-            abandon.clear();
-            let rows = rows.map_err(|e| inner.failure(e))?;
+            let query = client.query(&statement, params);
+            let (rows, discard) = inner.cancellable(&client, &abandon, query).await;
+            if discard {
+                drop(deadpool_postgres::Object::take(client));
+            }
+            let rows = rows?;
             let n = rows.len() as u64;
             Ok(answer(rows, n))
         })
@@ -431,6 +472,56 @@ impl PostgresBackend {
 }
 
 impl Inner {
+    /// Runs one statement the engine may give up on. If it does, a cancel request goes to the
+    /// server over the connection's own TLS set-up and is awaited, and the statement gets a
+    /// while to end: a grant that slipped in first is still answered, so the engine gives it
+    /// back. The second value says the connection must then be closed, not pooled: whether
+    /// the cancel landed or not, it must never meet a later statement of a reused connection.
+    async fn cancellable<T>(
+        &self,
+        client: &tokio_postgres::Client,
+        abandon: &OnAbandon,
+        statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> (Result<T, Failure>, bool) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        abandon.set(move || {
+            let _ = stop.send(());
+        });
+        if abandon.is_abandoned() {
+            abandon.clear();
+            let late = "the statement was not sent: its caller gave up waiting";
+            let failure = Failure::new("postgres", BackendErrorKind::Timeout, late);
+            return (Err(failure), false);
+        }
+        let mut statement = std::pin::pin!(statement);
+        tokio::select! {
+            biased;
+            answer = &mut statement => {
+                abandon.clear();
+                return (answer.map_err(|e| self.failure(e)), false);
+            }
+            // A dropped sender (after `clear`) disables this branch.
+            Ok(()) = stopped => {}
+        }
+        let wait = Duration::from_millis(self.options.connect_timeout_ms);
+        let token = client.cancel_token();
+        // A failed or timed-out cancel changes nothing below: the connection goes either way,
+        // and the statement timeout ends the statement on the server.
+        let _ = match &self.tls {
+            Some(tls) => tokio::time::timeout(wait, token.cancel_query(tls.clone())).await,
+            None => tokio::time::timeout(wait, token.cancel_query(tokio_postgres::NoTls)).await,
+        };
+        let answer = match tokio::time::timeout(wait, &mut statement).await {
+            Ok(answer) => answer.map_err(|e| self.failure(e)),
+            Err(_) => Err(Failure::new(
+                "postgres",
+                BackendErrorKind::Timeout,
+                "an abandoned statement did not end after its cancel request",
+            )),
+        };
+        (answer, true)
+    }
+
     fn failure(&self, e: tokio_postgres::Error) -> Failure {
         let code = e.code().map(|c| c.code().to_string());
         let kind = match e.code() {
@@ -482,7 +573,10 @@ impl Inner {
         }
         // Waiting for a pooled connection needs no cancel: dropping the wait is enough.
         self.pool.get().await.map_err(|e| match e {
-            deadpool_postgres::PoolError::Backend(e) => self.failure(e),
+            deadpool_postgres::PoolError::Backend(e)
+            | deadpool_postgres::PoolError::PostCreateHook(HookError::Backend(e)) => {
+                self.failure(e)
+            }
             deadpool_postgres::PoolError::Timeout(_) => Failure::new(
                 "postgres",
                 BackendErrorKind::Timeout,
@@ -676,6 +770,18 @@ mod tests {
         assert_eq!(n.sequence, "\"app\".\"locco_locks_fence\"");
         assert!(names(&"x".repeat(58)).unwrap().fence_ok.is_err());
         assert!(names(&"x".repeat(57)).unwrap().fence_ok.is_ok());
+    }
+
+    #[test]
+    fn statement_timeout_follows_the_connect_timeout() {
+        let mut o = PostgresOptions::new("postgres://h/db");
+        assert_eq!(o.statement_timeout(), Some(10_000));
+        o.connect_timeout_ms = 100;
+        assert_eq!(o.statement_timeout(), Some(1000));
+        o.statement_timeout_ms = Some(250);
+        assert_eq!(o.statement_timeout(), Some(250));
+        o.statement_timeout_ms = Some(0);
+        assert_eq!(o.statement_timeout(), None);
     }
 
     #[test]
