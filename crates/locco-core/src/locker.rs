@@ -333,7 +333,7 @@ impl Locker {
                 if may_have_granted(&e) {
                     self.give_back_now(key, &token);
                 }
-                return Err(e);
+                return Err(naming(e, key));
             }
             First::Right(why) => {
                 op.abandon();
@@ -581,6 +581,25 @@ impl Locker {
                 Err(e)
             }
         }
+    }
+}
+
+/// A backend failure of a grant request, with the operation and the key in its message, so
+/// that a log line says what failed. Host errors pass through untouched.
+fn naming(e: Error, key: &str) -> Error {
+    match e {
+        Error::Backend {
+            backend,
+            kind,
+            message,
+            code,
+        } => Error::Backend {
+            backend,
+            kind,
+            message: format!("acquire of {key:?}: {message}"),
+            code,
+        },
+        other => other,
     }
 }
 

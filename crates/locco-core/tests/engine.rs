@@ -781,7 +781,12 @@ fn a_grant_whose_answer_failed_is_given_back() {
         .pool
         .run_until(async move { locker.acquire("k", AcquireOptions::new(10_000), None).await })
         .unwrap_err();
-    assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+    match &err {
+        Error::Backend { message, .. } => {
+            assert_eq!(message, "acquire of \"k\": injected failure")
+        }
+        other => panic!("expected the backend's error, got {other:?}"),
+    }
     h.backend.fail_after_apply.set(false);
     h.pool.run_until_stalled();
     assert!(
