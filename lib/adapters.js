@@ -1,6 +1,6 @@
 'use strict';
 
-const { native, answer, nextOpId, registerClock, adapters, ADAPTER_METHODS } = require('./native.js');
+const { native, answer, nextOpId, registerClock, jsAdapterId, own, ADAPTER_METHODS } = require('./native.js');
 const { validation } = require('./errors.js');
 
 const NATIVE_ID = Symbol.for('locco-rs.adapterId');
@@ -24,6 +24,12 @@ function callNative(adapterId, method, input) {
   } catch (error) {
     return Promise.reject(error);
   }
+}
+
+/** Ties a built-in adapter object to its native id; the engine lets go of it once the object is collected. */
+function bindNative(adapter, id) {
+  Object.defineProperty(adapter, NATIVE_ID, { value: id });
+  own(adapter, 'adapter', id);
 }
 
 /** The five adapter methods of a built-in adapter, each one call into the engine. */
@@ -60,7 +66,7 @@ class InMemoryAdapter extends NativeAdapter {
       throw validation('now', 'must be a function returning milliseconds');
     }
     const clockId = options.now ? registerClock(options.now) : undefined;
-    Object.defineProperty(this, NATIVE_ID, { value: native.createMemoryAdapter(clockId) });
+    bindNative(this, native.createMemoryAdapter(clockId));
   }
 
   /** Forgets every lock; the fencing counters stay, so tokens keep growing. */
@@ -69,16 +75,15 @@ class InMemoryAdapter extends NativeAdapter {
   }
 }
 
-const jsAdapterIds = new WeakMap();
-
-/** The native id for `adapter`: a built-in adapter's own, or a JavaScript adapter registered once. */
-function adapterId(adapter) {
+/**
+ * The engine's view of `adapter`: `[id]` for a built-in adapter, `[id, fenced]` for one
+ * written in JavaScript (`fenced`: it has acquireFenced).
+ */
+function adapterRef(adapter) {
   if (adapter === null || typeof adapter !== 'object') {
     throw validation('adapter', 'is required: pass an adapter such as new InMemoryAdapter()');
   }
-  if (adapter[NATIVE_ID] !== undefined) return adapter[NATIVE_ID];
-  const known = jsAdapterIds.get(adapter);
-  if (known !== undefined) return known;
+  if (adapter[NATIVE_ID] !== undefined) return [adapter[NATIVE_ID], undefined];
   for (const name of ADAPTER_METHODS.slice(0, 4)) {
     if (typeof adapter[name] !== 'function') {
       throw validation(
@@ -91,10 +96,7 @@ function adapterId(adapter) {
   if (adapter.acquireFenced !== undefined && typeof adapter.acquireFenced !== 'function') {
     throw validation('adapter', 'acquireFenced, when present, must be a function');
   }
-  const id = native.createJsAdapter(typeof adapter.acquireFenced === 'function');
-  adapters.set(id, adapter);
-  jsAdapterIds.set(adapter, id);
-  return id;
+  return [jsAdapterId(adapter), typeof adapter.acquireFenced === 'function'];
 }
 
-module.exports = { NativeAdapter, InMemoryAdapter, adapterId, NATIVE_ID };
+module.exports = { NativeAdapter, InMemoryAdapter, adapterRef, bindNative, NATIVE_ID };

@@ -8,14 +8,16 @@ const {
   wait,
   nextOpId,
   registerClock,
+  registerDelay,
+  drainReleased,
+  own,
   lockers,
-  delays,
   lossHandlers,
   ABORTED,
   PENDING,
 } = require('./native.js');
 const { LockLostError, LockStateError, validation } = require('./errors.js');
-const { adapterId } = require('./adapters.js');
+const { adapterRef } = require('./adapters.js');
 
 const STATES = ['held', 'lost', 'released'];
 const DEFAULT_RETRY = Object.freeze({ retries: 10, delay: 200, timeout: undefined });
@@ -34,6 +36,7 @@ const forget = new FinalizationRegistry((id) => {
       const ids = forgotten;
       forgotten = [];
       native.dropLocks(ids);
+      drainReleased();
     });
   }
 });
@@ -66,14 +69,9 @@ function optionalFunction(field, v) {
   return v;
 }
 
-/** The native id of a delay function, registered once per function. */
+/** The native id of a delay function: a native backoff's own, else one for this policy. */
 function delayId(fn) {
-  if (fn[NATIVE_DELAY] === undefined) {
-    const id = native.createDelayFn();
-    delays.set(id, fn);
-    Object.defineProperty(fn, NATIVE_DELAY, { value: id });
-  }
-  return fn[NATIVE_DELAY];
+  return fn[NATIVE_DELAY] ?? registerDelay(fn);
 }
 
 /** Checks a RetryOptions layer and flattens it into the binding's arguments. */
@@ -306,7 +304,8 @@ class LockSet {
 class Locker {
   constructor(options) {
     if (!isObject(options)) throw validation('options', 'must be an object with an adapter');
-    const adapter = adapterId(options.adapter);
+    drainReleased();
+    const [adapter, jsFenced] = adapterRef(options.adapter);
     const keyPrefix = options.keyPrefix ?? '';
     if (typeof keyPrefix !== 'string') throw validation('keyPrefix', 'must be a string');
     const onEvent = optionalFunction('onEvent', options.onEvent);
@@ -319,6 +318,7 @@ class Locker {
     const id = answer(
       native.createLocker(
         adapter,
+        jsFenced,
         keyPrefix,
         options.fencing === true,
         retries,
@@ -333,6 +333,8 @@ class Locker {
     this._id = id;
     this._prefix = keyPrefix;
     this._retry = options.retry;
+    this._closed = undefined;
+    own(this, 'locker', id);
     lockers.set(id, {
       token,
       onEvent:
@@ -345,6 +347,26 @@ class Locker {
           }
         }),
     });
+  }
+
+  /**
+   * Releases every lock this Locker still holds (their heartbeats end with them) and frees
+   * it: acquisitions afterwards fail with LockStateError. Calling it again is harmless.
+   */
+  close() {
+    if (this._closed === undefined) {
+      try {
+        const opId = nextOpId();
+        this._closed = Promise.resolve(answer(native.closeLocker(this._id, opId), opId)).then(() => {});
+      } catch (error) {
+        this._closed = Promise.reject(error);
+      }
+    }
+    return this._closed;
+  }
+
+  async [Symbol.asyncDispose]() {
+    await this.close();
   }
 
   /** Acquires `key`, retrying while another holder has it. */
@@ -523,6 +545,7 @@ function exponentialBackoff(options) {
   const id = answer(native.createBackoff(base, max, factor, jitter));
   const fn = ({ attempt }) => native.backoffDelay(id, attempt);
   Object.defineProperty(fn, NATIVE_DELAY, { value: id });
+  own(fn, 'delay', id);
   return fn;
 }
 

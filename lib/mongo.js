@@ -1,7 +1,7 @@
 'use strict';
 
 const { native, answer } = require('./native.js');
-const { NativeAdapter, NATIVE_ID } = require('./adapters.js');
+const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
 
 /**
@@ -28,7 +28,7 @@ class MongoAdapter extends NativeAdapter {
     const id = answer(
       native.createMongoAdapter(url, dbName, collectionName, createIndexes, w === 'majority' ? undefined : w, connectTimeout),
     );
-    Object.defineProperty(this, NATIVE_ID, { value: id });
+    bindNative(this, id);
   }
 
   /** Closes the client. Operations afterwards fail with a BackendError. */

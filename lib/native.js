@@ -16,9 +16,11 @@ const clocks = new Map(); // clockId -> () => number
 const adapters = new Map(); // adapterId -> a JavaScript adapter object
 const delays = new Map(); // delayId -> DelayFn
 const lossHandlers = new Map(); // lockId -> (reason, cause) => void
+const jsAdapterIds = new WeakMap(); // a JavaScript adapter object -> its adapterId
 let nextOp = 1;
 let nextForeign = 1;
 let nextClock = 1;
+let nextAdapter = 1;
 
 const ADAPTER_METHODS = ['acquire', 'release', 'extend', 'isHeld', 'acquireFenced'];
 const ABORTED = Symbol('aborted');
@@ -155,7 +157,35 @@ const fast = native.init(hub, () => {}, endValues);
 // This load's ids start at realm * 2^40, so that a second load of the facade in the same
 // environment (a cleared require cache) never takes this one's ids.
 const idBase = fast.realm * 2 ** 40;
-nextOp = nextForeign = nextClock = idBase + 1;
+nextOp = nextForeign = nextClock = nextAdapter = idBase + 1;
+
+// What the engine let go of (src/host.rs `Kept`): the facade forgets its side of each.
+const RELEASED_MAPS = [adapters, clocks, delays, lockers];
+function drainReleased() {
+  const pairs = native.takeReleased();
+  for (let i = 0; i < pairs.length; i += 2) {
+    const map = RELEASED_MAPS[pairs[i]];
+    const id = pairs[i + 1];
+    if (map === adapters) {
+      const adapter = adapters.get(id);
+      if (adapter !== undefined && jsAdapterIds.get(adapter) === id) jsAdapterIds.delete(adapter);
+    }
+    map.delete(id);
+  }
+}
+
+// Native objects whose JavaScript owner (a Locker, a built-in adapter, a native backoff) was
+// collected are dropped by the engine too; what they held is then released.
+const DROP = { locker: 'dropLocker', adapter: 'dropAdapter', delay: 'dropDelay' };
+const owners = new FinalizationRegistry(([kind, id]) => {
+  native[DROP[kind]](id);
+  drainReleased();
+});
+
+/** Frees native object `id` of `kind` ('locker' | 'adapter' | 'delay') once `owner` is collected. */
+function own(owner, kind, id) {
+  owners.register(owner, [kind, id], owner);
+}
 
 /**
  * The result of a native operation: the value itself when it finished within the call
@@ -169,6 +199,24 @@ function answer(r, opId, map) {
 
 function nextOpId() {
   return nextOp++;
+}
+
+/** The id of a JavaScript adapter object, registered once while the engine uses it. */
+function jsAdapterId(adapter) {
+  let id = jsAdapterIds.get(adapter);
+  if (id === undefined) {
+    id = nextAdapter++;
+    adapters.set(id, adapter);
+    jsAdapterIds.set(adapter, id);
+  }
+  return id;
+}
+
+/** A delay function's id, for the one retry policy it is passed in (the engine lets go of it after). */
+function registerDelay(fn) {
+  const id = native.createDelayFn();
+  delays.set(id, fn);
+  return id;
 }
 
 function registerClock(fn) {
@@ -186,6 +234,10 @@ module.exports = {
   PENDING,
   nextOpId,
   registerClock,
+  registerDelay,
+  jsAdapterId,
+  drainReleased,
+  own,
   lockers,
   adapters,
   delays,

@@ -1,7 +1,7 @@
 'use strict';
 
 const { native, answer, nextOpId } = require('./native.js');
-const { NativeAdapter, NATIVE_ID } = require('./adapters.js');
+const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
 
 /**
@@ -24,7 +24,7 @@ class PostgresAdapter extends NativeAdapter {
     }
     const ca = tls && tls.ca !== undefined ? String(tls.ca) : undefined;
     const id = answer(native.createPostgresAdapter(url, tableName, createTable, poolSize, connectTimeout, ca));
-    Object.defineProperty(this, NATIVE_ID, { value: id });
+    bindNative(this, id);
   }
 
   /** Deletes rows whose lease ended; answers how many. Run it on a schedule. */

@@ -1,7 +1,7 @@
 'use strict';
 
 const { native, answer, nextOpId } = require('./native.js');
-const { NativeAdapter, NATIVE_ID } = require('./adapters.js');
+const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
 
 function optionalMs(field, v) {
@@ -50,7 +50,7 @@ class RedisAdapter extends NativeAdapter {
         ca,
       ),
     );
-    Object.defineProperty(this, NATIVE_ID, { value: id });
+    bindNative(this, id);
     const opId = nextOpId();
     Promise.resolve()
       .then(() => answer(native.redisConnect(id, opId), opId))

@@ -148,7 +148,7 @@ unsafe extern "C" fn acquire_ttl(
             Ok(key) => key,
             Err(bad) => return ops::fail(bad.error("key")).0,
         };
-        let locker = number(env, locker) as u32;
+        let locker = number(env, locker);
         let mode = number(env, mode) as u32;
         registry::acquire_ttl(locker, mode, key, number(env, ttl), number(env, op)).0
     })

@@ -2,7 +2,9 @@
 //! sources, event and loss hooks. Each one calls a facade trampoline with an id; the facade
 //! keeps the user's functions.
 
+use std::cell::RefCell;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 
 use locco_core::{
@@ -13,6 +15,30 @@ use locco_core::{
 use crate::hub::{self, Fn_};
 use crate::ops::{call_host, HostValue};
 
+/// What the facade keeps for the engine (user functions, adapter objects), by kind: when the
+/// engine drops its side, the facade is told (`take_released`) and forgets its side.
+#[derive(Clone, Copy)]
+pub enum Kept {
+    Adapter = 0,
+    Clock = 1,
+    Delay = 2,
+    Locker = 3,
+}
+
+thread_local! {
+    // Pairs of (kind, id); never dropped at thread exit, like every thread-local here.
+    static RELEASED: ManuallyDrop<RefCell<Vec<f64>>> = const { ManuallyDrop::new(RefCell::new(Vec::new())) };
+}
+
+fn released(kind: Kept, id: f64) {
+    let _ = RELEASED.try_with(|r| r.borrow_mut().extend([kind as u8 as f64, id]));
+}
+
+/// The (kind, id) pairs released since the last call, flat.
+pub fn take_released() -> Vec<f64> {
+    RELEASED.with(|r| std::mem::take(&mut *r.borrow_mut()))
+}
+
 /// Adapter methods, as numbered for `callAdapter`.
 pub const ACQUIRE: f64 = 0.0;
 pub const RELEASE: f64 = 1.0;
@@ -22,8 +48,15 @@ pub const ACQUIRE_FENCED: f64 = 4.0;
 
 /// An adapter written in JavaScript. What it throws comes back as `Error::Foreign`.
 pub struct JsBackend {
-    pub id: u32,
+    /// The facade's id for the adapter object.
+    pub id: f64,
     pub fenced: bool,
+}
+
+impl Drop for JsBackend {
+    fn drop(&mut self) {
+        released(Kept::Adapter, self.id)
+    }
 }
 
 fn protocol(what: &str) -> Error {
@@ -34,7 +67,7 @@ impl JsBackend {
     fn call(&self, method: f64, key: &str, token: &str, ttl: Option<u32>) -> Op<HostValue> {
         let ttl = ttl.map_or_else(hub::undefined, |t| hub::num(t as f64));
         let args = vec![
-            hub::num(self.id as f64),
+            hub::num(self.id),
             hub::num(method),
             hub::string(key),
             hub::string(token),
@@ -99,6 +132,12 @@ pub struct JsClock {
     pub id: f64,
 }
 
+impl Drop for JsClock {
+    fn drop(&mut self) {
+        released(Kept::Clock, self.id)
+    }
+}
+
 impl Clock for JsClock {
     fn now(&self) -> f64 {
         match hub::call_in(hub::realm_of(self.id), Fn_::Now, &[hub::num(self.id)]) {
@@ -110,13 +149,19 @@ impl Clock for JsClock {
 
 /// A `DelayFn` written in JavaScript (sync or async).
 pub struct JsDelay {
-    pub id: u32,
+    pub id: f64,
+}
+
+impl Drop for JsDelay {
+    fn drop(&mut self) {
+        released(Kept::Delay, self.id)
+    }
 }
 
 impl DelayFn for JsDelay {
     fn delay(&self, input: DelayInput) -> Pin<Box<dyn Future<Output = locco_core::Result<f64>>>> {
         let args = vec![
-            hub::num(self.id as f64),
+            hub::num(self.id),
             hub::num(input.attempt as f64),
             hub::num(input.elapsed_ms),
             hub::num(input.previous_delay),
@@ -135,8 +180,8 @@ impl DelayFn for JsDelay {
 }
 
 /// Calls the facade's token source for one Locker.
-pub fn js_token(locker_id: u32) -> locco_core::Result<String> {
-    match hub::call(Fn_::Token, &[hub::num(locker_id as f64)]) {
+pub fn js_token(locker_id: f64) -> locco_core::Result<String> {
+    match hub::call(Fn_::Token, &[hub::num(locker_id)]) {
         Ok(v) => hub::get_string(v).filter(|s| !s.is_empty()).ok_or_else(|| {
             Error::validation("token", "the token function must return a non-empty string")
         }),
@@ -149,8 +194,14 @@ pub fn js_token(locker_id: u32) -> locco_core::Result<String> {
 
 /// Forwards events and losses of one Locker to the facade.
 pub struct Hooks {
-    pub locker_id: u32,
+    pub locker_id: f64,
     pub events: bool,
+}
+
+impl Drop for Hooks {
+    fn drop(&mut self) {
+        released(Kept::Locker, self.locker_id)
+    }
 }
 
 impl EventSink for Hooks {
@@ -204,7 +255,7 @@ impl EventSink for Hooks {
                 } => (key, *ttl, *held_ms, 0.0, Some(reason.as_str()), *error),
             };
         let args = [
-            hub::num(self.locker_id as f64),
+            hub::num(self.locker_id),
             hub::string(event.kind()),
             hub::string(key),
             hub::num(ttl as f64),

@@ -77,6 +77,12 @@ pub fn host_done(op_id: f64, kind: u32, value: f64) -> bool {
     ops::host_done(op_id, answer)
 }
 
+/// What the engine let go of since the last call, as flat (kind, id) pairs (see `host::Kept`).
+#[napi(catch_unwind)]
+pub fn take_released() -> Vec<f64> {
+    host::take_released()
+}
+
 /// Runs tasks woken on other threads.
 #[napi(catch_unwind)]
 pub fn run_pending() {

@@ -3,7 +3,7 @@
 
 use locco_core::IdMap;
 use std::cell::RefCell;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
 use locco_core::mongo::{locks_indexes_json, MongoBackend, MongoOptions};
 use locco_core::postgres::{locks_ddl, PostgresBackend, PostgresOptions};
@@ -23,7 +23,6 @@ use crate::text::Key;
 /// Backends that cannot report releases get this process's release wake-ups.
 enum Adapter {
     Memory(Rc<MemoryBackend>),
-    Js(Rc<LocalWakeups<JsBackend>>),
     Redis(Rc<LocalWakeups<RedisBackend>>),
     Postgres(Rc<LocalWakeups<PostgresBackend>>),
     Mongo(Rc<LocalWakeups<MongoBackend>>),
@@ -33,7 +32,6 @@ impl Adapter {
     fn backend(&self) -> Rc<dyn Backend> {
         match self {
             Adapter::Memory(m) => m.clone(),
-            Adapter::Js(j) => j.clone(),
             Adapter::Redis(r) => r.clone(),
             Adapter::Postgres(p) => p.clone(),
             Adapter::Mongo(m) => m.clone(),
@@ -43,14 +41,17 @@ impl Adapter {
 
 #[derive(Default)]
 struct Registry {
-    next: u32,
-    adapters: IdMap<u32, Adapter>,
-    lockers: IdMap<u32, Locker>,
-    locks: IdMap<u64, Lock>,
+    next: u64,
+    adapters: IdMap<u64, Adapter>,
+    /// Adapters written in JavaScript, by the facade's id, alive while a Locker uses one.
+    js_adapters: IdMap<u64, Weak<LocalWakeups<JsBackend>>>,
+    lockers: IdMap<u64, Locker>,
+    /// Locks by id, with the id of the Locker that took each.
+    locks: IdMap<u64, (u64, Lock)>,
     /// Held locks whose objects were collected; see `drop_locks`.
-    detached: Vec<Lock>,
-    aborts: IdMap<u32, Abort>,
-    delays: IdMap<u32, Delay>,
+    detached: Vec<(u64, Lock)>,
+    aborts: IdMap<u64, Abort>,
+    delays: IdMap<u64, Delay>,
 }
 
 thread_local! {
@@ -64,47 +65,134 @@ pub fn teardown() {
     drop(reg);
 }
 
-fn next_id() -> u32 {
+/// A fresh id for JavaScript: a u64 counter, exact as a JavaScript number up to 2^53.
+fn next_id() -> f64 {
     REG.with(|r| {
         let mut r = r.borrow_mut();
         r.next += 1;
-        r.next
+        r.next as f64
     })
 }
 
-fn adapter(id: u32) -> Result<Rc<dyn Backend>, Error> {
-    REG.with(|r| r.borrow().adapters.get(&id).map(Adapter::backend))
-        .ok_or_else(|| Error::validation("adapter", "is not a locco-rs adapter (unknown id)"))
+fn adapter(id: f64) -> Result<Rc<dyn Backend>, Error> {
+    let id = id as u64;
+    REG.with(|r| {
+        let r = r.borrow();
+        r.adapters.get(&id).map(Adapter::backend).or_else(|| {
+            let js = r.js_adapters.get(&id).and_then(Weak::upgrade)?;
+            Some(js as Rc<dyn Backend>)
+        })
+    })
+    .ok_or_else(|| Error::validation("adapter", "is not a locco-rs adapter (unknown id)"))
 }
 
-fn locker(id: u32) -> Result<Locker, Error> {
-    REG.with(|r| r.borrow().lockers.get(&id).cloned())
-        .ok_or_else(|| Error::Internal(format!("unknown locker {id}")))
+/// The adapter written in JavaScript that the facade keeps under `id`: the one Lockers over
+/// it share (so they wake each other's waiters), or a new one when none is alive. When the
+/// last Locker over it goes, the facade hears of it (`host::released`) and forgets the object.
+fn js_adapter(id: f64, fenced: bool) -> Rc<LocalWakeups<JsBackend>> {
+    REG.with(|r| {
+        let mut r = r.borrow_mut();
+        if let Some(live) = r.js_adapters.get(&(id as u64)).and_then(Weak::upgrade) {
+            return live;
+        }
+        let backend = Rc::new(LocalWakeups::new(JsBackend { id, fenced }));
+        r.js_adapters.retain(|_, w| w.strong_count() > 0);
+        r.js_adapters.insert(id as u64, Rc::downgrade(&backend));
+        backend
+    })
+}
+
+fn locker(id: f64) -> Result<Locker, Error> {
+    REG.with(|r| r.borrow().lockers.get(&(id as u64)).cloned())
+        .ok_or_else(|| {
+            Error::State("this Locker is closed: make a new one to take more locks".into())
+        })
 }
 
 fn lock(id: f64) -> Option<Lock> {
-    REG.with(|r| r.borrow().locks.get(&(id as u64)).cloned())
+    REG.with(|r| r.borrow().locks.get(&(id as u64)).map(|(_, l)| l.clone()))
 }
 
-fn keep(lock: Lock) -> f64 {
+/// Keeps a lock of Locker `locker_id`; answers its id.
+fn keep(locker_id: f64, lock: Lock) -> f64 {
     let id = lock.id();
-    REG.with(|r| r.borrow_mut().locks.insert(id, lock));
+    REG.with(|r| r.borrow_mut().locks.insert(id, (locker_id as u64, lock)));
     id as f64
 }
 
 /// Keeps an adapter; answers its id.
-fn register(adapter: Adapter) -> u32 {
+fn register(adapter: Adapter) -> f64 {
     let id = next_id();
-    REG.with(|r| r.borrow_mut().adapters.insert(id, adapter));
+    REG.with(|r| r.borrow_mut().adapters.insert(id as u64, adapter));
     id
 }
 
 /// An id for JavaScript, or `FAILED` with the error.
-fn id_or_fail(built: Result<u32, Error>) -> Raw {
+fn id_or_fail(built: Result<f64, Error>) -> Raw {
     match built {
-        Ok(id) => Raw(crate::hub::num(id as f64)),
+        Ok(id) => Raw(crate::hub::num(id)),
         Err(e) => ops::fail(e),
     }
+}
+
+/// Forgets a built-in adapter whose object was collected. Lockers over it keep its backend.
+#[napi(catch_unwind)]
+pub fn drop_adapter(adapter_id: f64) {
+    let gone = REG.with(|r| r.borrow_mut().adapters.remove(&(adapter_id as u64)));
+    drop(gone);
+}
+
+/// Forgets a Locker whose object was collected. Its locks still alive keep what they need.
+#[napi(catch_unwind)]
+pub fn drop_locker(locker_id: f64) {
+    let gone = REG.with(|r| r.borrow_mut().lockers.remove(&(locker_id as u64)));
+    drop(gone);
+}
+
+/// Forgets a native backoff whose function was collected.
+#[napi(catch_unwind)]
+pub fn drop_delay(delay_id: f64) {
+    let gone = REG.with(|r| r.borrow_mut().delays.remove(&(delay_id as u64)));
+    drop(gone);
+}
+
+/// Closes a Locker: it takes no more locks, and every lock it still holds is released (which
+/// also ends its heartbeat). Answers how many were released.
+#[napi(catch_unwind)]
+pub fn close_locker(locker_id: f64, op_id: f64) -> Raw {
+    let owner = locker_id as u64;
+    let (gone, held) = REG.with(|r| {
+        let mut r = r.borrow_mut();
+        let gone = r.lockers.remove(&owner);
+        let mut held: Vec<Lock> = r
+            .locks
+            .values()
+            .filter(|(o, l)| *o == owner && l.state() == LockState::Held)
+            .map(|(_, l)| l.clone())
+            .collect();
+        held.extend(
+            r.detached
+                .iter()
+                .filter(|(o, l)| *o == owner && l.state() == LockState::Held)
+                .map(|(_, l)| l.clone()),
+        );
+        (gone, held)
+    });
+    drop(gone);
+    ops::run(op_id, async move {
+        let mut released = 0.0;
+        let mut failure = None;
+        for lock in held {
+            match lock.release(true).await {
+                Ok(_) => released += 1.0,
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(Answer::Number(released)),
+        }
+    })
 }
 
 /// An optional whole number of at least 1 (milliseconds, a pool size).
@@ -121,7 +209,7 @@ fn at_least_one(field: &str, v: Option<f64>) -> Result<Option<u64>, Error> {
 
 /// An in-memory adapter. `clock_id`: an injected clock (see `now`), else the monotonic clock.
 #[napi(catch_unwind)]
-pub fn create_memory_adapter(clock_id: Option<f64>) -> u32 {
+pub fn create_memory_adapter(clock_id: Option<f64>) -> f64 {
     let backend = match clock_id {
         Some(id) => MemoryBackend::new(Rc::new(JsClock { id })),
         None => MemoryBackend::default(),
@@ -131,8 +219,8 @@ pub fn create_memory_adapter(clock_id: Option<f64>) -> u32 {
 
 /// Forgets every lock of an in-memory adapter; its fencing counters stay.
 #[napi(catch_unwind)]
-pub fn memory_clear(adapter_id: u32) {
-    let backend = REG.with(|r| match r.borrow().adapters.get(&adapter_id) {
+pub fn memory_clear(adapter_id: f64) {
+    let backend = REG.with(|r| match r.borrow().adapters.get(&(adapter_id as u64)) {
         Some(Adapter::Memory(m)) => Some(m.clone()),
         _ => None,
     });
@@ -185,11 +273,11 @@ pub fn create_redis_adapter(
 /// The backend of adapter `adapter_id` when `pick` accepts its kind; otherwise the failure
 /// to answer, naming `kind`.
 fn backend_of<T>(
-    adapter_id: u32,
+    adapter_id: f64,
     kind: &str,
     pick: impl FnOnce(&Adapter) -> Option<T>,
 ) -> Result<T, Raw> {
-    REG.with(|r| r.borrow().adapters.get(&adapter_id).and_then(pick))
+    REG.with(|r| r.borrow().adapters.get(&(adapter_id as u64)).and_then(pick))
         .ok_or_else(|| {
             ops::fail(Error::Internal(format!(
                 "unknown {kind} adapter {adapter_id}"
@@ -199,7 +287,7 @@ fn backend_of<T>(
 
 /// Connects a Redis adapter; answers the warning found at connect, or null.
 #[napi(catch_unwind)]
-pub fn redis_connect(adapter_id: u32, op_id: f64) -> Raw {
+pub fn redis_connect(adapter_id: f64, op_id: f64) -> Raw {
     let backend = match backend_of(adapter_id, "Redis", |a| match a {
         Adapter::Redis(b) => Some(b.inner().clone()),
         _ => None,
@@ -245,7 +333,7 @@ pub fn create_postgres_adapter(
 
 /// Deletes expired rows; answers how many.
 #[napi(catch_unwind)]
-pub fn postgres_sweep(adapter_id: u32, op_id: f64) -> Raw {
+pub fn postgres_sweep(adapter_id: f64, op_id: f64) -> Raw {
     let backend = match backend_of(adapter_id, "Postgres", |a| match a {
         Adapter::Postgres(b) => Some(b.inner().clone()),
         _ => None,
@@ -298,8 +386,8 @@ pub fn create_mongo_adapter(
 /// Closes a network adapter's connections (Redis, PostgreSQL, MongoDB); operations
 /// afterwards fail. Other adapters have nothing to close.
 #[napi(catch_unwind)]
-pub fn close_adapter(adapter_id: u32) {
-    REG.with(|r| match r.borrow().adapters.get(&adapter_id) {
+pub fn close_adapter(adapter_id: f64) {
+    REG.with(|r| match r.borrow().adapters.get(&(adapter_id as u64)) {
         Some(Adapter::Redis(b)) => b.inner().close(),
         Some(Adapter::Postgres(b)) => b.inner().close(),
         Some(Adapter::Mongo(b)) => b.inner().close(),
@@ -313,19 +401,10 @@ pub fn mongo_indexes() -> String {
     locks_indexes_json()
 }
 
-/// An adapter written in JavaScript; the facade keeps its object under the returned id.
-#[napi(catch_unwind)]
-pub fn create_js_adapter(fenced: bool) -> u32 {
-    let id = next_id();
-    let backend = Rc::new(LocalWakeups::new(JsBackend { id, fenced }));
-    REG.with(|r| r.borrow_mut().adapters.insert(id, Adapter::Js(backend)));
-    id
-}
-
 /// Calls one method of a built-in adapter directly (`method` as in `host::ACQUIRE`…).
 #[napi(catch_unwind)]
 pub fn adapter_call(
-    adapter_id: u32,
+    adapter_id: f64,
     method: f64,
     key: Key,
     token: Key,
@@ -362,7 +441,7 @@ pub fn adapter_call(
 
 /// Whether an adapter keeps coordination records (wait-for edges between processes).
 #[napi(catch_unwind)]
-pub fn supports_coordination(adapter_id: u32) -> bool {
+pub fn supports_coordination(adapter_id: f64) -> bool {
     adapter(adapter_id).is_ok_and(|b| b.coordination().is_some())
 }
 
@@ -370,7 +449,7 @@ pub fn supports_coordination(adapter_id: u32) -> bool {
 /// Answers a string or null (peek, get), or undefined.
 #[napi(catch_unwind)]
 pub fn coordinate(
-    adapter_id: u32,
+    adapter_id: f64,
     verb: u32,
     key: String,
     value: String,
@@ -411,21 +490,23 @@ pub fn create_backoff(base: f64, max: f64, factor: f64, jitter: bool) -> Raw {
     }) {
         Ok(b) => {
             let id = next_id();
-            REG.with(|r| r.borrow_mut().delays.insert(id, Delay::Backoff(b)));
-            Raw(crate::hub::num(id as f64))
+            REG.with(|r| r.borrow_mut().delays.insert(id as u64, Delay::Backoff(b)));
+            Raw(crate::hub::num(id))
         }
         Err(e) => ops::fail(e),
     }
 }
 
-/// A delay function written in JavaScript; the facade keeps it under the returned id.
+/// A delay function written in JavaScript, for one Locker or one call (the retry policy
+/// that names it takes it); the facade keeps the function under the returned id until the
+/// engine lets go of it (`host::released`).
 #[napi(catch_unwind)]
-pub fn create_delay_fn() -> u32 {
+pub fn create_delay_fn() -> f64 {
     let id = next_id();
     REG.with(|r| {
         r.borrow_mut()
             .delays
-            .insert(id, Delay::Custom(Rc::new(JsDelay { id })))
+            .insert(id as u64, Delay::Custom(Rc::new(JsDelay { id })))
     });
     id
 }
@@ -433,7 +514,7 @@ pub fn create_delay_fn() -> u32 {
 fn retry_layer(
     retries: Option<f64>,
     delay_ms: Option<f64>,
-    delay_id: Option<u32>,
+    delay_id: Option<f64>,
     timeout: Option<f64>,
 ) -> Result<RetryOverrides, Error> {
     let retries = match retries {
@@ -449,8 +530,16 @@ fn retry_layer(
     };
     let delay = match (delay_ms, delay_id) {
         (_, Some(id)) => Some(
-            REG.with(|r| r.borrow().delays.get(&id).cloned())
-                .ok_or_else(|| Error::Internal(format!("unknown delay {id}")))?,
+            REG.with(|r| {
+                let mut r = r.borrow_mut();
+                let key = id as u64;
+                match r.delays.get(&key) {
+                    // A JavaScript function is taken by the one policy it was made for.
+                    Some(Delay::Custom(_)) => r.delays.remove(&key),
+                    other => other.cloned(),
+                }
+            })
+            .ok_or_else(|| Error::Internal(format!("unknown delay {id}")))?,
         ),
         (Some(ms), None) if ms.is_finite() && ms >= 0.0 => Some(Delay::Fixed(ms)),
         (Some(ms), None) => {
@@ -479,24 +568,32 @@ fn retry_layer(
     })
 }
 
-/// A Locker over adapter `adapter_id`. `clock_id` and `custom_token` say whether the facade
-/// injects a clock or a token source; `events` whether anyone listens to events.
+/// A Locker over adapter `adapter_id` (a built-in adapter's id, or with `js_fenced` the
+/// facade's id for an adapter written in JavaScript, and whether it has acquireFenced).
+/// `clock_id` and `custom_token` say whether the facade injects a clock or a token source;
+/// `events` whether anyone listens to events.
 #[napi(catch_unwind)]
 #[allow(clippy::too_many_arguments)]
 pub fn create_locker(
-    adapter_id: u32,
+    adapter_id: f64,
+    js_fenced: Option<bool>,
     key_prefix: Key,
     fencing: bool,
     retries: Option<f64>,
     delay_ms: Option<f64>,
-    delay_id: Option<u32>,
+    delay_id: Option<f64>,
     timeout: Option<f64>,
     events: bool,
     clock_id: Option<f64>,
     custom_token: bool,
 ) -> Raw {
-    let build = || -> Result<u32, Error> {
-        let backend = adapter(adapter_id)?;
+    let build = || -> Result<f64, Error> {
+        // First, so that a delay function it names is taken even if a later check fails.
+        let retry = retry_layer(retries, delay_ms, delay_id, timeout)?;
+        let backend = match js_fenced {
+            Some(fenced) => js_adapter(adapter_id, fenced) as Rc<dyn Backend>,
+            None => adapter(adapter_id)?,
+        };
         let key_prefix = key_prefix.get("keyPrefix")?;
         let id = next_id();
         let hooks = Rc::new(Hooks {
@@ -510,13 +607,13 @@ pub fn create_locker(
         let options = LockerOptions {
             key_prefix,
             fencing,
-            retry: retry_layer(retries, delay_ms, delay_id, timeout)?,
+            retry,
             events: events.then(|| hooks.clone() as _),
             loss: Some(hooks),
             token: custom_token.then(|| Rc::new(move || host::js_token(id)) as _),
         };
         let locker = Locker::new(backend, rt, options)?;
-        REG.with(|r| r.borrow_mut().lockers.insert(id, locker));
+        REG.with(|r| r.borrow_mut().lockers.insert(id as u64, locker));
         Ok(id)
     };
     id_or_fail(build())
@@ -527,20 +624,14 @@ pub fn create_locker(
 fn acquire_options(
     locker: &Locker,
     ttl: f64,
-    retries: Option<f64>,
-    delay_ms: Option<f64>,
-    delay_id: Option<u32>,
-    timeout: Option<f64>,
+    layer: &RetryOverrides,
     auto_extend: bool,
     interval: Option<f64>,
     max_hold: Option<f64>,
     max_lag: Option<f64>,
 ) -> Result<AcquireOptions, Error> {
     validate_ttl("ttl", ttl)?;
-    let retry = locker
-        .retry()
-        .clone()
-        .merged(&retry_layer(retries, delay_ms, delay_id, timeout)?);
+    let retry = locker.retry().clone().merged(layer);
     let mut options = AcquireOptions::new(ttl as u32).with_retry(retry);
     if auto_extend {
         let max_hold = max_hold.ok_or_else(|| {
@@ -564,67 +655,70 @@ fn acquire_options(
 #[napi(catch_unwind)]
 #[allow(clippy::too_many_arguments)]
 pub fn acquire(
-    locker_id: u32,
+    locker_id: f64,
     mode: u32,
     keys: Either<Key, Vec<Key>>,
     ttl: f64,
     retries: Option<f64>,
     delay_ms: Option<f64>,
-    delay_id: Option<u32>,
+    delay_id: Option<f64>,
     timeout: Option<f64>,
     auto_extend: bool,
     interval: Option<f64>,
     max_hold: Option<f64>,
     max_lag: Option<f64>,
-    abort_id: Option<u32>,
+    abort_id: Option<f64>,
     op_id: f64,
 ) -> Raw {
-    let prepared = locker(locker_id).and_then(|l| {
-        let keys = match keys {
-            Either::A(k) => Either::A(k.get("key")?),
-            Either::B(ks) => Either::B(
-                ks.into_iter()
-                    .map(|k| k.get("key"))
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-        };
-        let o = acquire_options(
-            &l,
-            ttl,
-            retries,
-            delay_ms,
-            delay_id,
-            timeout,
-            auto_extend,
-            interval,
-            max_hold,
-            max_lag,
-        )?;
-        Ok((l, keys, o))
-    });
+    // The retry layer first, so that a delay function it names is taken even if a later
+    // check fails (the facade then hears that the engine let go of it).
+    let layer = retry_layer(retries, delay_ms, delay_id, timeout);
+    let prepared = layer
+        .and_then(|layer| Ok((layer, locker(locker_id)?)))
+        .and_then(|(layer, l)| {
+            let keys = match keys {
+                Either::A(k) => Either::A(k.get("key")?),
+                Either::B(ks) => Either::B(ks.into_iter().map(|k| k.get("key")).collect::<Result<
+                    Vec<_>,
+                    _,
+                >>(
+                )?),
+            };
+            let o = acquire_options(&l, ttl, &layer, auto_extend, interval, max_hold, max_lag)?;
+            Ok((l, keys, o))
+        });
     let (locker, keys, options) = match prepared {
         Ok(p) => p,
         Err(e) => return ops::fail(e),
     };
-    let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&id).cloned()));
-    start_acquire(locker, mode, keys, options, abort, op_id)
+    let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&(id as u64)).cloned()));
+    start_acquire(locker_id, locker, mode, keys, options, abort, op_id)
 }
 
 /// `acquire` with only a ttl: the Locker's retry policy, no heartbeat, no signal. The common
 /// call, kept to five arguments because each argument costs a conversion (see `fast`).
-pub fn acquire_ttl(locker_id: u32, mode: u32, key: String, ttl: f64, op_id: f64) -> Raw {
+pub fn acquire_ttl(locker_id: f64, mode: u32, key: String, ttl: f64, op_id: f64) -> Raw {
     let prepared = locker(locker_id).and_then(|l| {
         validate_ttl("ttl", ttl)?;
         let options = AcquireOptions::new(ttl as u32).with_retry(l.retry().clone());
         Ok((l, options))
     });
     match prepared {
-        Ok((locker, options)) => start_acquire(locker, mode, Either::A(key), options, None, op_id),
+        Ok((locker, options)) => start_acquire(
+            locker_id,
+            locker,
+            mode,
+            Either::A(key),
+            options,
+            None,
+            op_id,
+        ),
         Err(e) => ops::fail(e),
     }
 }
 
 fn start_acquire(
+    locker_id: f64,
     locker: Locker,
     mode: u32,
     keys: Either<String, Vec<String>>,
@@ -636,15 +730,17 @@ fn start_acquire(
         match (mode, keys) {
             (_, Either::B(keys)) => {
                 let locks = locker.acquire_many(&keys, options, abort).await?;
-                Ok(Answer::Numbers(locks.into_iter().map(keep).collect()))
+                Ok(Answer::Numbers(
+                    locks.into_iter().map(|l| keep(locker_id, l)).collect(),
+                ))
             }
             (1, Either::A(key)) => {
                 let lock = locker.try_acquire(&key, options).await?;
-                Ok(lock.map_or(Answer::Null, |l| Answer::Number(keep(l))))
+                Ok(lock.map_or(Answer::Null, |l| Answer::Number(keep(locker_id, l))))
             }
             (_, Either::A(key)) => {
                 let lock = locker.acquire(&key, options, abort).await?;
-                Ok(Answer::Number(keep(lock)))
+                Ok(Answer::Number(keep(locker_id, lock)))
             }
         }
     })
@@ -652,16 +748,16 @@ fn start_acquire(
 
 /// A fresh abort handle for one acquisition.
 #[napi(catch_unwind)]
-pub fn create_abort() -> u32 {
+pub fn create_abort() -> f64 {
     let id = next_id();
-    REG.with(|r| r.borrow_mut().aborts.insert(id, Abort::new()));
+    REG.with(|r| r.borrow_mut().aborts.insert(id as u64, Abort::new()));
     id
 }
 
 /// Fires an abort handle (the caller's `AbortSignal` aborted).
 #[napi(catch_unwind)]
-pub fn abort(abort_id: u32) {
-    let a = REG.with(|r| r.borrow().aborts.get(&abort_id).cloned());
+pub fn abort(abort_id: f64) {
+    let a = REG.with(|r| r.borrow().aborts.get(&(abort_id as u64)).cloned());
     if let Some(a) = a {
         a.abort();
     }
@@ -670,8 +766,8 @@ pub fn abort(abort_id: u32) {
 
 /// Forgets an abort handle once its acquisition is over.
 #[napi(catch_unwind)]
-pub fn drop_abort(abort_id: u32) {
-    REG.with(|r| r.borrow_mut().aborts.remove(&abort_id));
+pub fn drop_abort(abort_id: f64) {
+    REG.with(|r| r.borrow_mut().aborts.remove(&(abort_id as u64)));
 }
 
 /// The state of a lock, read on the clock: 0 held, 1 lost, 2 released, -1 unknown.
@@ -752,14 +848,14 @@ pub fn drop_locks(lock_ids: Vec<f64>) {
         let mut reg = r.borrow_mut();
         let reg = &mut *reg;
         for id in lock_ids {
-            if let Some(lock) = reg.locks.remove(&(id as u64)) {
-                reg.detached.push(lock);
+            if let Some(entry) = reg.locks.remove(&(id as u64)) {
+                reg.detached.push(entry);
             }
         }
         // Reading the state consults the clock, so a lease that ran out reads lost here.
-        let (live, ended): (Vec<Lock>, Vec<Lock>) = std::mem::take(&mut reg.detached)
+        let (live, ended): (Vec<_>, Vec<_>) = std::mem::take(&mut reg.detached)
             .into_iter()
-            .partition(|l| l.state() == LockState::Held);
+            .partition(|(_, l)| l.state() == LockState::Held);
         reg.detached = live;
         ended
     });
@@ -814,8 +910,8 @@ pub fn lock_key(lock_id: f64) -> Option<String> {
 
 /// The wait a native backoff gives before the attempt after `attempt`.
 #[napi(catch_unwind)]
-pub fn backoff_delay(delay_id: u32, attempt: u32) -> f64 {
-    match REG.with(|r| r.borrow().delays.get(&delay_id).cloned()) {
+pub fn backoff_delay(delay_id: f64, attempt: u32) -> f64 {
+    match REG.with(|r| r.borrow().delays.get(&(delay_id as u64)).cloned()) {
         Some(Delay::Backoff(b)) => b.delay(attempt),
         _ => f64::NAN,
     }
