@@ -178,7 +178,7 @@ impl Locker {
             attempt += 1;
             let sent_at = next_sent_at;
             let token = self.token()?;
-            match self
+            let missed = match self
                 .attempt(&key, token, ttl, sent_at, budget_end, abort)
                 .await?
             {
@@ -187,23 +187,23 @@ impl Locker {
                     sent_at,
                     fence,
                 } => return self.won(key, token, fence, sent_at, options, start, attempt),
-                Attempt::Missed(reason) => {
-                    answered = Some(reason);
-                    let elapsed_ms = self.now()? - start;
-                    self.emit(|| Event::Contended {
-                        key: &key,
-                        ttl: options.ttl,
-                        attempt,
-                        elapsed_ms,
-                        reason,
-                    });
-                }
-                // No answer is no news about other holders: not a `contended` event.
-                Attempt::NoAnswer => {}
-            }
+                Attempt::Missed(reason) => Some(reason),
+                Attempt::NoAnswer => None,
+            };
             // The clock is read once per step: each read costs more than the arithmetic around it.
             let now = self.now()?;
             let elapsed_ms = now - start;
+            // No answer is no news about other holders: not a `contended` event.
+            if let Some(reason) = missed {
+                answered = Some(reason);
+                self.emit(|| Event::Contended {
+                    key: &key,
+                    ttl: options.ttl,
+                    attempt,
+                    elapsed_ms,
+                    reason,
+                });
+            }
             let give_up = |now: f64| match answered {
                 Some(reason) => Error::Held {
                     key: key.clone(),
