@@ -4,7 +4,8 @@
 //!
 //! - never two live holders: two locks of one key never both read `held` at one instant;
 //! - a lock reads `held` only within its lease: whenever it does, the backend (the reference
-//!   state of who holds what) has its key under its token, unexpired.
+//!   state of who holds what) has its key under its token, unexpired;
+//! - what an acquisition returns is held at that moment, and fencing tokens grow per key.
 //!
 //! Cases in which releases are never faulty also check, once everything settled, that no
 //! grant was left behind that no lock knows of (a give-back that never happened).
@@ -269,6 +270,8 @@ struct World {
     running: Cell<u32>,
     /// Results the engine must never give here.
     wrong: RefCell<Vec<String>>,
+    /// The largest fencing token handed out per key.
+    fences: RefCell<HashMap<String, u64>>,
 }
 
 const KEYS: [&str; 2] = ["a", "b"];
@@ -417,6 +420,19 @@ impl Case {
                         ));
                     }
                     for lock in locks {
+                        // A key's grants are handed out in the order they were made (each
+                        // ends before the next can begin), so their fences grow.
+                        if let Some(fence) = lock.fence() {
+                            let mut fences = world.fences.borrow_mut();
+                            let last = fences.entry(lock.key().to_string()).or_insert(0);
+                            if fence <= *last {
+                                world
+                                    .wrong
+                                    .borrow_mut()
+                                    .push(format!("{lock:?} got fence {fence} after fence {last}"));
+                            }
+                            *last = fence;
+                        }
                         world.locks.borrow_mut().push(Tracked {
                             lock,
                             given_up: Rc::default(),
