@@ -1094,3 +1094,29 @@ fn acquire_many_does_not_wait_for_the_release_of_a_lost_lock() {
         other => panic!("acquire_many is still waiting: {other:?}"),
     }
 }
+
+#[test]
+fn an_attempt_abandoned_without_an_answer_is_given_back_at_once() {
+    let mut h = Harness::new();
+    // Applied at once; the answer never comes. Releases go through.
+    h.backend.apply_early.set(true);
+    h.backend.hold_verb.set(Some("acquire"));
+    h.hold_answers();
+    let task = h.spawn_acquire(
+        "k",
+        AcquireOptions::new(10_000).with_retry(retries(0, 10.0)),
+    );
+    h.run_to(10_899.0);
+    h.run_to(10_900.0);
+    assert!(matches!(
+        h.pool.run_until(task),
+        Err(Error::Backend {
+            kind: BackendErrorKind::Timeout,
+            ..
+        })
+    ));
+    assert!(
+        h.backend.inner.is_empty(),
+        "the grant stays until its TTL although nobody can use it"
+    );
+}
