@@ -1,8 +1,36 @@
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
 import { Locker } from 'locco-rs';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { startPostgres } from './support/servers.mjs';
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+/** One process that waits for `startAt` (epoch ms), then takes its first lock on `tableName`. */
+const CHILD = `
+const { Locker } = await import('locco-rs');
+const { PostgresAdapter } = await import('locco-rs/postgres');
+const [url, tableName, key, startAt] = process.argv.slice(1);
+const adapter = new PostgresAdapter({ url, tableName, poolSize: 1 });
+await new Promise((r) => setTimeout(r, Math.max(0, Number(startAt) - Date.now())));
+try {
+  const lock = await new Locker({ adapter }).tryAcquire(key, { ttl: 30_000 });
+  console.log(lock ? 'granted' : 'not granted');
+} catch (e) {
+  console.log(String(e.message));
+}
+adapter.close();
+`;
+
+function child(args) {
+  return new Promise((resolve) => {
+    execFile(process.execPath, ['--input-type=module', '-e', CHILD, ...args], { cwd: ROOT, timeout: 60_000 }, (err, stdout, stderr) =>
+      resolve(err ? `exit ${err.code}: ${stderr.trim()}` : stdout.trim()),
+    );
+  });
+}
 
 describe('PostgresAdapter createTable under concurrency', () => {
   let pg;
@@ -61,5 +89,24 @@ describe('PostgresAdapter createTable under concurrency', () => {
       assert.equal(new Set(fences.map(String)).size, fences.length, 'fences are distinct');
     }
     assert.deepEqual(failures, [], `${failures.length} of ${rounds * racers} first locks failed`);
+  });
+
+  it('processes starting together on a fresh table all get their first lock', async () => {
+    // The issue's shape: four processes, each with its own adapter, first use at once.
+    const rounds = 4;
+    const processes = 4;
+    const answers = [];
+    for (let round = 0; round < rounds; round++) {
+      const tableName = `proc_race_${round}`;
+      // A common start time after every child has loaded the binding, so they collide.
+      const startAt = Date.now() + 3000;
+      const got = await Promise.all(
+        Array.from({ length: processes }, (_, i) => child([pg.url, tableName, `k${i}`, String(startAt)])),
+      );
+      answers.push(...got.map((a) => `${tableName}: ${a}`));
+      assert.equal(pg.psql(`SELECT count(*) FROM ${tableName}`), String(got.filter((a) => a === 'granted').length));
+    }
+    assert.deepEqual(answers.filter((a) => !a.endsWith(': granted')), []);
+    assert.equal(answers.length, rounds * processes);
   });
 });
