@@ -563,7 +563,7 @@ impl Inner {
         }
     }
 
-    async fn client(&self, _abandon: &OnAbandon) -> Result<deadpool_postgres::Object, Failure> {
+    async fn client(&self, abandon: &OnAbandon) -> Result<deadpool_postgres::Object, Failure> {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(Failure::new(
                 "postgres",
@@ -571,7 +571,12 @@ impl Inner {
                 "the Postgres adapter is closed",
             ));
         }
-        // Waiting for a pooled connection needs no cancel: dropping the wait is enough.
+        // If the engine gives up while a connection is being made (or the table checked), the
+        // work still runs to the point where a statement would be sent, and stops there: a
+        // connection dropped half-made would cost the next attempt a whole new connect, and
+        // with a short lease every attempt would be abandoned the same way. `cancellable`
+        // replaces this with a real cancel once a statement is on the wire.
+        abandon.set(|| {});
         self.pool.get().await.map_err(|e| match e {
             deadpool_postgres::PoolError::Backend(e)
             | deadpool_postgres::PoolError::PostCreateHook(HookError::Backend(e)) => {
