@@ -88,7 +88,7 @@ describe('installed from packed tarballs, without build tools', { skip: missing 
     cpSync(platformDir, staged, { recursive: true });
     cpSync(join(root, binary), join(staged, binary));
     const plat = pack(staged);
-    assert.deepEqual(plat.files.sort(), [binary, 'package.json'].sort());
+    for (const f of [binary, 'package.json']) assert.ok(plat.files.includes(f), `${f} is missing from the platform tarball`);
     mkdirSync(app);
     writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'app', version: '1.0.0', private: true }));
     // --offline: the test needs no registry. The other platforms' packages are optional
