@@ -38,7 +38,7 @@ ZIG_VERSION=0.17.1
 ZIGBUILD_VERSION=0.24.1
 NODE_MAJOR=24
 
-read -r -a TARGETS <<<"${LOCCO_RELEASE_TARGETS:-x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu x86_64-unknown-linux-musl}"
+read -r -a TARGETS <<<"${LOCCO_RELEASE_TARGETS:-aarch64-unknown-linux-gnu x86_64-unknown-linux-gnu x86_64-unknown-linux-musl}"
 # In-memory, Redis and the mutex suites; locker.test.mjs (every backend) joins when PostgreSQL
 # and secantusd-rs (built by scripts/test-all.sh) are there.
 read -r -a TESTS <<<"${LOCCO_RELEASE_TESTS:-__test__/errors.test.mjs __test__/js-adapter.test.mjs __test__/event-loop.test.mjs __test__/redis.test.mjs __test__/mutex.test.mjs}"
@@ -333,21 +333,19 @@ for t in "${TARGETS[@]}"; do
 done
 step tree prepare_tree || { echo "cannot go on without a tree to build" >&2; exit 1; }
 
+step redis-server start_redis
+# Each target is built, checked and tested before the next is built.
 for t in "${TARGETS[@]}"; do
   if [ -z "${LOCCO_RELEASE_SKIP_BUILD:-}" ]; then
     step "build-$t" build_target "$t" || continue
   fi
   step "size-$t" check_binary "$t"
-done
-step artifacts-and-pack artifacts_and_pack
-
-step redis-server start_redis
-for t in "${TARGETS[@]}"; do
   [ -f "$OUT/$t/locco-rs.$(platform_of "$t").node" ] || continue
   step "smoke-$t" smoke "$t"
   step "tests-$t" suites "$t"
 done
 stop_redis
+step artifacts-and-pack artifacts_and_pack
 
 echo
 echo "binary sizes (limit $MAX_BYTES bytes):"
