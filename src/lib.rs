@@ -58,9 +58,10 @@ pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unkno
     fast::functions(env.raw(), end_values.raw(), realm).map(Raw)
 }
 
-/// The error behind the last `FAILED` answer, made by facade `realm`'s classes.
+/// The error behind the last `FAILED` answer, made by facade `realm`'s classes (by default
+/// the newest facade's).
 #[napi(catch_unwind)]
-pub fn take_error(realm: u32) -> Raw {
+pub fn take_error(realm: Option<u32>) -> Raw {
     ops::take_error(realm)
 }
 

@@ -80,11 +80,12 @@ thread_local! {
 
 /// The error of the last export that answered `FAILED`, as a JavaScript value of the facade
 /// `realm` (the one that called).
-pub fn take_error(realm: u32) -> Raw {
+pub fn take_error(realm: Option<u32>) -> Raw {
     let err = LAST_ERROR.with(|e| e.borrow_mut().take());
-    Raw(match err {
-        Some(e) => hub::error_value_in(realm, &e),
-        None => hub::undefined(),
+    Raw(match (err, realm) {
+        (Some(e), Some(realm)) => hub::error_value_in(realm, &e),
+        (Some(e), None) => hub::error_value(&e),
+        (None, _) => hub::undefined(),
     })
 }
 
