@@ -77,6 +77,21 @@ it('package.json lists every npm/<platform> package as an optional dependency at
   assert.deepEqual(pkg.optionalDependencies, expected);
 });
 
+it('package-lock.json carries the platform packages as optional entries, so npm ci accepts it', () => {
+  // Without these entries `npm ci` refuses the lock ("Missing: locco-rs-<platform> from lock
+  // file"), since npm install records nothing for a package it cannot fetch (unpublished).
+  const lock = JSON.parse(readFileSync(join(root, 'package-lock.json'), 'utf8'));
+  assert.deepEqual(lock.packages[''].optionalDependencies, pkg.optionalDependencies);
+  for (const dir of readdirSync(join(root, 'npm'))) {
+    const sub = JSON.parse(readFileSync(join(root, 'npm', dir, 'package.json'), 'utf8'));
+    const entry = lock.packages[`node_modules/${sub.name}`];
+    assert.ok(entry, `${sub.name} is missing from package-lock.json`);
+    assert.equal(entry.optional, true);
+    assert.equal(entry.version, sub.version);
+    assert.deepEqual([entry.os, entry.cpu, entry.libc], [sub.os, sub.cpu, sub.libc], sub.name);
+  }
+});
+
 describe('installed from packed tarballs, without build tools', { skip: missing || (!npmCli && 'npm not found') }, () => {
   const app = join(work, 'app');
   let main;

@@ -65,10 +65,8 @@ if ! need npm; then
 fi
 
 # npm's cache lives outside the repository (~/.npm), so a fresh clone installs from it.
-# `npm install`, as in the README's first command: `npm ci` refuses a lock file that lacks the
-# optional platform packages (locco-rs-<platform>), which it lacks while they are unpublished.
 if [ ! -x node_modules/.bin/node ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-  npm install --no-audit --no-fund
+  npm ci --no-audit --no-fund
 fi
 
 npm run build
