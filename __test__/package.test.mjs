@@ -120,7 +120,7 @@ describe('installed from packed tarballs, without build tools', { skip: missing 
     assert.equal(readdirSync(join(app, 'node_modules', pkg.name)).filter((f) => f.endsWith('.node')).length, 0);
   });
 
-  it("require('locco-rs') works and takes an in-memory lock", () => {
+  it("require('locco-rs') and every subpath work from CommonJS; an in-memory lock", () => {
     const r = run(
       app,
       'check.cjs',
@@ -133,13 +133,31 @@ const binary = require.resolve('${pkg.name}-${platform}');
   const second = await locker.tryAcquire('cjs', { ttl: 5000 });
   const state = lock.state;
   const released = await lock.release();
-  console.log(JSON.stringify({ state, second, released, held: typeof LockHeldError, binary }));
+  const subpaths = {
+    redis: typeof require('locco-rs/redis').RedisAdapter,
+    postgres: typeof require('locco-rs/postgres').PostgresAdapter,
+    mongo: typeof require('locco-rs/mongo').MongoAdapter,
+    mutex: typeof require('locco-rs/mutex').MutexManager,
+    testing: typeof require('locco-rs/testing').runLockAdapterContract,
+  };
+  console.log(JSON.stringify({ state, second, released, held: typeof LockHeldError, subpaths, binary }));
 })().catch((e) => { console.error(e); process.exit(1); });
 `,
     );
     assert.equal(r.status, 0, r.stderr);
     const out = JSON.parse(r.stdout);
-    assert.deepEqual({ ...out, binary: undefined }, { state: 'held', second: null, released: true, held: 'function', binary: undefined });
+    const fn = 'function';
+    assert.deepEqual(
+      { ...out, binary: undefined },
+      {
+        state: 'held',
+        second: null,
+        released: true,
+        held: fn,
+        subpaths: { redis: fn, postgres: fn, mongo: fn, mutex: fn, testing: fn },
+        binary: undefined,
+      },
+    );
     assert.ok(out.binary.startsWith(join(realpathSync(app), 'node_modules')), out.binary);
   });
 
