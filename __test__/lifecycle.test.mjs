@@ -7,7 +7,7 @@ import { after, before, describe, it } from 'node:test';
 import { Locker, ValidationError } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { ADAPTERS, sleep } from './support/adapters.mjs';
-import { startRedis } from './support/servers.mjs';
+import { startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
 const ROOT = new URL('..', import.meta.url);
 
@@ -151,49 +151,57 @@ describe('a lock whose object is collected', () => {
 });
 
 describe('the process', () => {
-  let redis;
+  const servers = {};
   before(async () => {
-    redis = await startRedis();
+    [servers.redis, servers.postgres, servers.mongo] = await Promise.all([startRedis(), startPostgres(), startMongo()]);
   });
-  after(() => redis.dispose());
+  after(() => Promise.all(Object.values(servers).map((s) => s.dispose())));
 
-  const inFlight = (url) => `
+  // Each backend: how a child makes its adapter, and how many acquires it leaves in flight.
+  const BACKENDS = {
+    redis: { module: 'redis', make: (url) => `new RedisAdapter({ url: ${JSON.stringify(url)} })`, name: 'RedisAdapter', n: 2000, runs: 10 },
+    postgres: { module: 'postgres', make: (url) => `new PostgresAdapter({ url: ${JSON.stringify(url)}, tableName: 'exit_' + process.pid })`, name: 'PostgresAdapter', n: 500, runs: 4 },
+    mongo: { module: 'mongo', make: (url) => `new MongoAdapter({ url: ${JSON.stringify(url)}, dbName: 'exit' })`, name: 'MongoAdapter', n: 500, runs: 4 },
+  };
+  const inFlight = (b, url) => `
     const { Locker } = require('locco-rs');
-    const { RedisAdapter } = require('locco-rs/redis');
-    const locker = new Locker({ adapter: new RedisAdapter({ url: ${JSON.stringify(url)} }) });
+    const { ${b.name} } = require('locco-rs/${b.module}');
+    const locker = new Locker({ adapter: ${b.make(url)} });
     async function run() {
-      await locker.tryAcquire('warm:' + process.pid, { ttl: 1000 });
-      for (let i = 0; i < 2000; i++) locker.acquire('k:' + process.pid + ':' + i, { ttl: 5000, autoExtend: { maxHold: 60000 } }).catch(() => {});
+      await locker.tryAcquire('warm:' + process.pid, { ttl: 5000 });
+      for (let i = 0; i < ${b.n}; i++) locker.acquire('k:' + process.pid + ':' + i, { ttl: 5000, autoExtend: { maxHold: 60000 } }).catch(() => {});
     }
   `;
 
-  it('exits cleanly with 2,000 Redis acquires in flight (10 runs)', async () => {
-    const script = `${inFlight(redis.url)}; run().then(() => process.exit(0));`;
-    for (let i = 0; i < 10; i++) {
-      const r = await runNode(script);
-      assert.equal(r.signal, null, `run ${i}: killed by ${r.signal}: ${r.stderr}`);
-      assert.equal(r.status, 0, `run ${i}: ${r.stderr}`);
-    }
-  });
+  for (const [kind, b] of Object.entries(BACKENDS)) {
+    it(`${kind}: exits cleanly with ${b.n} acquires in flight (${b.runs} runs)`, async () => {
+      const script = `${inFlight(b, servers[kind].url)}; run().then(() => process.exit(0));`;
+      for (let i = 0; i < b.runs; i++) {
+        const r = await runNode(script);
+        assert.equal(r.signal, null, `run ${i}: killed by ${r.signal}: ${r.stderr}`);
+        assert.equal(r.status, 0, `run ${i}: ${r.stderr}`);
+      }
+    });
 
-  it('survives worker.terminate() of workers taking Redis locks (10 runs)', async () => {
-    const worker = `${inFlight(redis.url)}; run().then(() => require('node:worker_threads').parentPort.postMessage('busy'));`;
-    const script = `
-      const { Worker } = require('node:worker_threads');
-      (async () => {
-        for (let i = 0; i < 10; i++) {
-          const w = new Worker(${JSON.stringify(worker)}, { eval: true });
-          await new Promise((resolve, reject) => { w.once('message', resolve); w.once('error', reject); });
-          await w.terminate();
-        }
-        console.log('alive');
-      })().catch((e) => { console.error(e); process.exit(1); });
-    `;
-    const r = await runNode(script, { timeout: 120_000 });
-    assert.equal(r.signal, null, `killed by ${r.signal}: ${r.stderr}`);
-    assert.equal(r.status, 0, r.stderr);
-    assert.equal(r.stdout.trim(), 'alive');
-  });
+    it(`${kind}: survives worker.terminate() of workers with acquires in flight (${b.runs} runs)`, async () => {
+      const worker = `${inFlight(b, servers[kind].url)}; run().then(() => require('node:worker_threads').parentPort.postMessage('busy'));`;
+      const script = `
+        const { Worker } = require('node:worker_threads');
+        (async () => {
+          for (let i = 0; i < ${b.runs}; i++) {
+            const w = new Worker(${JSON.stringify(worker)}, { eval: true });
+            await new Promise((resolve, reject) => { w.once('message', resolve); w.once('error', reject); });
+            await w.terminate();
+          }
+          console.log('alive');
+        })().catch((e) => { console.error(e); process.exit(1); });
+      `;
+      const r = await runNode(script, { timeout: 120_000 });
+      assert.equal(r.signal, null, `killed by ${r.signal}: ${r.stderr}`);
+      assert.equal(r.status, 0, r.stderr);
+      assert.equal(r.stdout.trim(), 'alive');
+    });
+  }
 
   it('loading the facade twice (a cleared require cache) works and exits cleanly', async () => {
     const script = `
