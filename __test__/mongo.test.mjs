@@ -100,4 +100,25 @@ describe('MongoAdapter', () => {
     assert.ok(performance.now() - started < 4000);
     assert.doesNotMatch(err.message, /hunter2-pw/);
   });
+
+  // A lease shorter than the driver's server selection: every attempt is cut at its lease end
+  // with no answer. That is an outage, never "held elsewhere".
+  it('a closed port with a short lease and retries is a timeout BackendError, not contention', async () => {
+    const port = await freePort();
+    const adapter = new MongoAdapter({ url: `mongodb://127.0.0.1:${port}/?directConnection=true`, connectTimeout: 5000 });
+    const err = await new Locker({ adapter, retry: { retries: 2, delay: 50 } }).acquire('k', { ttl: 500 }).catch((e) => e);
+    assert.equal(err.code, 'LOCK_BACKEND', String(err));
+    assert.equal(err.kind, 'timeout');
+    assert.match(err.message, /acquire of "k"/);
+    await adapter.close();
+  });
+
+  it('a replicaSet the server is not part of is a BackendError, not contention', async () => {
+    const url = mongo.url.replace('directConnection=true', 'replicaSet=not-this-one');
+    const adapter = new MongoAdapter({ url, connectTimeout: 1000 });
+    const err = await new Locker({ adapter, retry: { retries: 1, delay: 50 } }).acquire('k', { ttl: 3000 }).catch((e) => e);
+    assert.equal(err.code, 'LOCK_BACKEND', String(err));
+    assert.ok(['timeout', 'io', 'config'].includes(err.kind), err.kind);
+    await adapter.close();
+  });
 });
