@@ -47,3 +47,27 @@ it('arethetypeswrong finds no problem in the packed tarball', () => {
   assert.match(res['node16-esm'].resolution.fileName, /index\.d\.mts$/);
   assert.match(res['node16-cjs'].resolution.fileName, /index\.d\.ts$/);
 });
+
+it('the main declarations carry a JSDoc @example', async () => {
+  const { readFile } = await import('node:fs/promises');
+  const wanted = {
+    'index.d.ts': ['export declare class Locker', 'acquire(key', 'tryAcquire(key', 'withLock<T>(key', 'export interface LockAdapter'],
+    'memory.d.ts': ['export declare class InMemoryAdapter'],
+    'redis.d.ts': ['export declare class RedisAdapter'],
+    'postgres.d.ts': ['export declare class PostgresAdapter'],
+    'mongo.d.ts': ['export declare class MongoAdapter'],
+    'mutex.d.ts': ['export declare const MutexManager', 'runOperation<T>('],
+    'testing.d.ts': ['export declare function runLockAdapterContract'],
+  };
+  for (const [file, declarations] of Object.entries(wanted)) {
+    const text = await readFile(join(root, file), 'utf8');
+    for (const d of declarations) {
+      const at = text.indexOf(d);
+      assert.ok(at > 0, `${file}: ${d} not found`);
+      // The doc comment right before the declaration.
+      const before = text.slice(0, at);
+      const comment = before.slice(before.lastIndexOf('/**'));
+      assert.ok(comment.trimEnd().endsWith('*/') && /@example/.test(comment), `${file}: ${d} has no @example`);
+    }
+  }
+});
