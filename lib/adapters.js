@@ -2,6 +2,7 @@
 
 const { native, answer, nextOpId, registerClock, jsAdapterId, own, ADAPTER_METHODS } = require('./native.js');
 const { validation } = require('./errors.js');
+const { refuseUnknown } = require('./options.js');
 
 const NATIVE_ID = Symbol.for('locco-rs.adapterId');
 const [ACQUIRE, RELEASE, EXTEND, IS_HELD, ACQUIRE_FENCED] = [0, 1, 2, 3, 4];
@@ -62,6 +63,7 @@ class InMemoryAdapter extends NativeAdapter {
     if (options === null || typeof options !== 'object') {
       throw validation('options', 'must be an object');
     }
+    refuseUnknown('', options, ['now']);
     if (options.now !== undefined && typeof options.now !== 'function') {
       throw validation('now', 'must be a function returning milliseconds');
     }

@@ -17,11 +17,18 @@ const {
   PENDING,
 } = require('./native.js');
 const { LockLostError, LockStateError, validation } = require('./errors.js');
+const { refuseUnknown } = require('./options.js');
 const { adapterRef } = require('./adapters.js');
 
 const STATES = ['held', 'lost', 'released'];
 const DEFAULT_RETRY = Object.freeze({ retries: 10, delay: 200, timeout: undefined });
 const NATIVE_DELAY = Symbol('locco-rs.delayId');
+const LOCKER_OPTIONS = ['adapter', 'retry', 'keyPrefix', 'onEvent', 'now', 'token', 'fencing'];
+const RETRY_OPTIONS = ['retries', 'delay', 'timeout'];
+const ACQUIRE_OPTIONS = ['ttl', 'retry', 'signal', 'autoExtend'];
+const TRY_ACQUIRE_OPTIONS = ['ttl', 'autoExtend'];
+const AUTO_EXTEND_OPTIONS = ['interval', 'maxHold', 'maxEventLoopLag'];
+const BACKOFF_OPTIONS = ['base', 'max', 'factor', 'jitter'];
 
 // Locks the facade no longer refers to are forgotten by the engine too, in one call per batch.
 // An object in a FinalizationRegistry survives the young-generation collections, which made
@@ -78,6 +85,7 @@ function delayId(fn) {
 function retryArgs(field, retry) {
   if (retry === undefined) return [undefined, undefined, undefined, undefined];
   if (!isObject(retry)) throw validation(field, 'must be an object { retries?, delay?, timeout? }');
+  refuseUnknown(field, retry, RETRY_OPTIONS);
   const retries = optionalNumber(`${field}.retries`, retry.retries);
   if (retries !== undefined && !(retries >= 0)) throw validation(`${field}.retries`, `must be >= 0, got ${retries}`);
   const { delay } = retry;
@@ -123,14 +131,10 @@ function lostError(key, reason, cause) {
 
 /** True for the common call `acquire('key', { ttl })`, which takes the short native path. */
 function isTtlOnly(key, options) {
-  return (
-    typeof key === 'string' &&
-    isObject(options) &&
-    typeof options.ttl === 'number' &&
-    options.retry === undefined &&
-    options.autoExtend === undefined &&
-    options.signal === undefined
-  );
+  if (typeof key !== 'string' || !isObject(options) || typeof options.ttl !== 'number') return false;
+  // Anything else, a misspelt option included, goes the long way, which checks every name.
+  for (const name in options) if (name !== 'ttl') return false;
+  return true;
 }
 
 /** A held lease. Read `state`, `signal` or `lostReason` before a write that matters. */
@@ -304,6 +308,7 @@ class LockSet {
 class Locker {
   constructor(options) {
     if (!isObject(options)) throw validation('options', 'must be an object with an adapter');
+    refuseUnknown('', options, LOCKER_OPTIONS);
     drainReleased();
     const [adapter, jsFenced] = adapterRef(options.adapter);
     const keyPrefix = options.keyPrefix ?? '';
@@ -454,9 +459,11 @@ class Locker {
     if (single && (options.retry !== undefined || options.signal !== undefined)) {
       throw validation('options', 'tryAcquire makes one attempt: retry and signal do not apply');
     }
+    refuseUnknown('', options, single ? TRY_ACQUIRE_OPTIONS : ACQUIRE_OPTIONS);
     const [retries, delayMs, delayFn, timeout] = retryArgs('retry', options.retry);
     const ax = options.autoExtend;
     if (ax !== undefined && !isObject(ax)) throw validation('autoExtend', 'must be an object { interval?, maxHold }');
+    if (ax !== undefined) refuseUnknown('autoExtend', ax, AUTO_EXTEND_OPTIONS);
     return [
       key,
       ttl,
@@ -537,6 +544,7 @@ class Locker {
  */
 function exponentialBackoff(options) {
   if (!isObject(options)) throw validation('options', 'must be an object { base, max, factor?, jitter? }');
+  refuseUnknown('', options, BACKOFF_OPTIONS);
   const { base, max, factor = 2, jitter = true } = options;
   for (const [field, v] of [['base', base], ['max', max], ['factor', factor]]) {
     if (typeof v !== 'number') throw validation(field, `must be a number, got ${typeof v}`);

@@ -3,6 +3,7 @@
 const { native, answer } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
+const { refuseUnknown } = require('./options.js');
 
 /**
  * Locks in a MongoDB collection, one document per key. The engine owns the client: pass a URL.
@@ -15,6 +16,7 @@ class MongoAdapter extends NativeAdapter {
   constructor(options) {
     super();
     if (options === null || typeof options !== 'object') throw validation('options', 'must be an object with a url');
+    refuseUnknown('', options, ['url', 'dbName', 'collectionName', 'createIndexes', 'writeConcern', 'connectTimeout']);
     const { url, dbName, collectionName, createIndexes, writeConcern = { w: 'majority' }, connectTimeout } = options;
     if (typeof url !== 'string') throw validation('url', 'is required: mongodb://host:port/db');
     for (const [field, v] of [['dbName', dbName], ['collectionName', collectionName]]) {
@@ -23,6 +25,7 @@ class MongoAdapter extends NativeAdapter {
     if (createIndexes !== undefined && typeof createIndexes !== 'boolean') throw validation('createIndexes', 'must be a boolean');
     if (connectTimeout !== undefined && typeof connectTimeout !== 'number') throw validation('connectTimeout', 'must be a number');
     if (writeConcern === null || typeof writeConcern !== 'object') throw validation('writeConcern', 'must be an object { w }');
+    refuseUnknown('writeConcern', writeConcern, ['w']);
     const { w = 'majority' } = writeConcern;
     if (w !== 'majority' && typeof w !== 'number') throw validation('writeConcern.w', "must be 'majority' or a number");
     const id = answer(

@@ -6,6 +6,7 @@
 const { AsyncLocalStorage } = require('node:async_hooks');
 const { randomBytes, randomUUID } = require('node:crypto');
 const { LoccoError, validation } = require('./errors.js');
+const { refuseUnknown } = require('./options.js');
 const { Locker } = require('./locker.js');
 const { NATIVE_ID } = require('./adapters.js');
 const { native, answer, nextOpId } = require('./native.js');
@@ -82,6 +83,14 @@ function chainOf(token) {
 function checkOptions(options) {
   if (options === undefined) return {};
   if (options === null || typeof options !== 'object') throw validation('options', 'must be an object');
+  refuseUnknown('', options, ['adapter', 'redis', 'namespace', 'lockTTL', 'lockExtendInterval', 'coordinationFailureMode']);
+  if (options.adapter !== undefined && options.redis !== undefined) {
+    throw validation('redis', 'cannot be given with adapter: pass one of them (redis makes the manager its own RedisAdapter)');
+  }
+  if (options.redis !== undefined) {
+    if (options.redis === null || typeof options.redis !== 'object') throw validation('redis', 'must be an object { url } or { urls }');
+    refuseUnknown('redis', options.redis, ['url', 'urls']);
+  }
   const { lockTTL = 60_000, lockExtendInterval, namespace, coordinationFailureMode = 'strict' } = options;
   if (!Number.isSafeInteger(lockTTL) || lockTTL <= 0) throw validation('lockTTL', 'must be a positive safe integer of ms');
   if (lockExtendInterval !== undefined && typeof lockExtendInterval !== 'number') {
@@ -187,6 +196,8 @@ class MutexManager {
   async runOperation(id, operation, options = {}) {
     if (typeof id !== 'string' || id === '') throw validation('id', 'must be a non-empty string');
     if (typeof operation !== 'function') throw validation('operation', 'must be a function');
+    if (options === null || typeof options !== 'object') throw validation('options', 'must be an object');
+    refuseUnknown('', options, ['waitIfLocked', 'timeoutMs', 'signal', 'onAbort', 'context']);
     const { waitIfLocked = true, timeoutMs, signal, onAbort } = options;
     const requestTime = Date.now();
     const context = options.context ?? this._als.getStore() ?? new MutexRunContext();

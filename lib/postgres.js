@@ -3,6 +3,7 @@
 const { native, answer, nextOpId } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
+const { refuseUnknown } = require('./options.js');
 
 /**
  * Locks in a PostgreSQL table. The engine owns the connection pool: pass a URL, not a client.
@@ -15,7 +16,10 @@ class PostgresAdapter extends NativeAdapter {
   constructor(options) {
     super();
     if (options === null || typeof options !== 'object') throw validation('options', 'must be an object with a url');
+    refuseUnknown('', options, ['url', 'tableName', 'createTable', 'poolSize', 'connectTimeout', 'tls']);
     const { url, tableName, createTable, poolSize, connectTimeout, tls } = options;
+    if (tls !== undefined && (tls === null || typeof tls !== 'object')) throw validation('tls', 'must be an object { ca? }');
+    if (tls !== undefined) refuseUnknown('tls', tls, ['ca']);
     if (typeof url !== 'string') throw validation('url', 'is required: postgres://user:password@host:port/db');
     if (tableName !== undefined && typeof tableName !== 'string') throw validation('tableName', 'must be a string');
     if (createTable !== undefined && typeof createTable !== 'boolean') throw validation('createTable', 'must be a boolean');

@@ -3,6 +3,7 @@
 const { native, answer, nextOpId } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
+const { refuseUnknown } = require('./options.js');
 
 function optionalMs(field, v) {
   if (v !== undefined && typeof v !== 'number') throw validation(field, 'must be a number of ms');
@@ -22,6 +23,7 @@ class RedisAdapter extends NativeAdapter {
   constructor(options) {
     super();
     if (options === null || typeof options !== 'object') throw validation('options', 'must be an object with url or urls');
+    refuseUnknown('', options, ['url', 'urls', 'cluster', 'connectTimeout', 'commandTimeout', 'waitForReplicas', 'tls']);
     const { url, urls, cluster = false, waitForReplicas, tls } = options;
     let list;
     if (urls !== undefined) {
@@ -38,6 +40,9 @@ class RedisAdapter extends NativeAdapter {
     if (waitForReplicas !== undefined && (waitForReplicas === null || typeof waitForReplicas !== 'object')) {
       throw validation('waitForReplicas', 'must be an object { replicas, timeout }');
     }
+    if (waitForReplicas !== undefined) refuseUnknown('waitForReplicas', waitForReplicas, ['replicas', 'timeout']);
+    if (tls !== undefined && (tls === null || typeof tls !== 'object')) throw validation('tls', 'must be an object { ca? }');
+    if (tls !== undefined) refuseUnknown('tls', tls, ['ca']);
     const ca = tls && tls.ca !== undefined ? String(tls.ca) : undefined;
     const id = answer(
       native.createRedisAdapter(
