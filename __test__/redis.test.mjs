@@ -113,6 +113,29 @@ describe('RedisAdapter faults', () => {
     assert.equal(await lock.release(), true);
   });
 
+  it('warns before the first grant, even when an acquire follows the constructor at once (20 adapters)', async () => {
+    redis.cli('CONFIG', 'SET', 'maxmemory-policy', 'volatile-lru');
+    const order = [];
+    const onWarning = (w) => {
+      if (w.code === 'LOCCO_REDIS_EVICTION') order.push('warning');
+    };
+    process.on('warning', onWarning);
+    try {
+      for (let i = 0; i < 20; i++) {
+        order.length = 0;
+        const adapter = new RedisAdapter({ url: redis.url });
+        const lock = await new Locker({ adapter }).acquire(`warned:${i}`, { ttl: 1000 });
+        order.push('granted');
+        assert.deepEqual(order, ['warning', 'granted'], `adapter ${i}`);
+        await lock.release();
+        await adapter.close();
+      }
+    } finally {
+      process.off('warning', onWarning);
+      redis.cli('CONFIG', 'SET', 'maxmemory-policy', 'noeviction');
+    }
+  });
+
   it('warns once when maxmemory-policy may evict lock keys', async () => {
     redis.cli('CONFIG', 'SET', 'maxmemory-policy', 'allkeys-lru');
     const warnings = [];

@@ -56,15 +56,20 @@ class RedisAdapter extends NativeAdapter {
       ),
     );
     bindNative(this, id);
+    // Connects now, ahead of any operation: the engine answers this first, and the warning is
+    // emitted as that answer lands (in `answer`'s map, not a later turn), so it comes before
+    // any grant over the connection.
+    const warn = (warning) => {
+      if (warning) process.emitWarning(warning, { code: 'LOCCO_REDIS_EVICTION' });
+    };
     const opId = nextOpId();
-    Promise.resolve()
-      .then(() => answer(native.redisConnect(id, opId), opId))
-      .then(
-        (warning) => {
-          if (warning) process.emitWarning(warning, { code: 'LOCCO_REDIS_EVICTION' });
-        },
-        () => {}, // a failed connect is reported by the operations that need the connection
-      );
+    try {
+      const r = answer(native.redisConnect(id, opId), opId, warn);
+      if (r instanceof Promise) r.catch(() => {}); // a failed connect is reported by the operations that need it
+      else warn(r);
+    } catch {
+      // Likewise.
+    }
   }
 
   /** Closes the connections. Operations afterwards fail with a BackendError. */
