@@ -95,3 +95,55 @@ describe('a Rust panic', () => {
     assert.equal((await locker.acquire('after-panic', { ttl: 1000 })).state, 'held');
   });
 });
+
+describe('debugging', () => {
+  it('a BackendError names the operation and the key', async () => {
+    // A stopped Redis: every call fails with a timeout. (A JavaScript adapter's own errors
+    // pass through untouched, so they are not named.)
+    const { startRedis } = await import('./support/servers.mjs');
+    const { RedisAdapter } = await import('locco-rs/redis');
+    const redis = await startRedis();
+    try {
+      const adapter = new RedisAdapter({ url: redis.url, commandTimeout: 300, connectTimeout: 1000 });
+      const locker = new Locker({ adapter, keyPrefix: 'app:', retry: { retries: 0 } });
+      // One lock per call: a failed extension may end a lock, and a release then has nothing to do.
+      const locks = [];
+      for (let i = 0; i < 3; i++) locks.push(await locker.acquire(`named:${i}`, { ttl: 60_000 }));
+      redis.pause();
+      try {
+        const acquired = await locker.acquire('other', { ttl: 200 }).catch((e) => e);
+        assert.equal(acquired.code, 'LOCK_BACKEND', String(acquired));
+        assert.equal(acquired.operation, 'acquire');
+        assert.equal(acquired.key, 'app:other');
+        const calls = [['extend', (l) => l.extend(10_000)], ['isHeld', (l) => l.isHeld()], ['release', (l) => l.release()]];
+        for (const [i, [operation, call]] of calls.entries()) {
+          const err = await call(locks[i]).catch((e) => e);
+          assert.equal(err.code, 'LOCK_BACKEND', `${operation}: ${err}`);
+          assert.equal(err.operation, operation);
+          assert.equal(err.key, `app:named:${i}`);
+          assert.match(err.message, new RegExp(`${operation} of "app:named:${i}"`));
+        }
+      } finally {
+        redis.resume();
+      }
+    } finally {
+      await redis.dispose();
+    }
+  });
+
+  it('console.log and JSON show key, state, ttl, heldMs and fence, never the token', async () => {
+    const { inspect } = await import('node:util');
+    const locker = new Locker({ adapter: new InMemoryAdapter(), fencing: true });
+    const lock = await locker.acquire('shown', { ttl: 5000 });
+    for (const text of [inspect(lock), JSON.stringify(lock), inspect({ nested: lock }, { depth: 4 })]) {
+      assert.doesNotMatch(text, new RegExp(lock.token));
+      assert.match(text, /shown/);
+      assert.match(text, /held/);
+      assert.match(text, /5000/);
+      assert.match(text, /fence/);
+    }
+    await lock.release();
+    assert.doesNotMatch(inspect(lock), new RegExp(lock.token));
+    assert.match(inspect(lock), /released/);
+  });
+});

@@ -48,14 +48,36 @@ class ValidationError extends LoccoError {
   }
 }
 
-/** The backend failed (connection, timeout, auth, protocol). Never contention. */
+/**
+ * The backend failed (connection, timeout, auth, protocol). Never contention. `operation`
+ * ('acquire', 'release', 'extend', 'isHeld') and `key` say what was being done.
+ */
 class BackendError extends LoccoError {
   constructor(message, { backend, kind, serverCode } = {}) {
     super(message, 'LOCK_BACKEND');
     this.backend = backend;
     this.kind = kind;
     if (serverCode !== undefined) this.serverCode = serverCode;
+    this.operation = undefined;
+    this.key = undefined;
   }
+}
+
+/**
+ * Names the operation and key on a BackendError (in its fields and, unless the engine already
+ * did, its message); answers `error`, whatever it is.
+ */
+function nameOperation(error, operation, key) {
+  if (!(error instanceof BackendError) || error.operation !== undefined) return error;
+  error.operation = operation;
+  error.key = key;
+  const what = `${operation} of ${JSON.stringify(key)}`;
+  if (!error.message.includes(what)) {
+    const head = error.message.match(/^[^:]*backend error \([^)]*\): /);
+    const at = head ? head[0].length : 0;
+    error.message = `${error.message.slice(0, at)}${what}: ${error.message.slice(at)}`;
+  }
+  return error;
 }
 
 /**
@@ -81,6 +103,7 @@ module.exports = {
   LockStateError,
   ValidationError,
   BackendError,
+  nameOperation,
   RedisReplicationError,
   validation,
 };

@@ -16,6 +16,7 @@ const {
   ABORTED,
   PENDING,
 } = require('./native.js');
+const { inspect } = require('node:util');
 const { LockLostError, LockStateError, validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
 const { adapterRef } = require('./adapters.js');
@@ -215,7 +216,8 @@ class Lock {
     if (this._end !== undefined) return Promise.resolve(false);
     try {
       const opId = nextOpId();
-      const r = answer(fast.release(this._id, final, opId), opId, (deleted) => this._afterRelease(deleted));
+      const after = (deleted) => this._afterRelease(deleted);
+      const r = answer(fast.release(this._id, final, opId), opId, after, 'release', this._key);
       return typeof r === 'boolean' ? Promise.resolve(this._afterRelease(r)) : r;
     } catch (error) {
       return Promise.reject(error);
@@ -246,7 +248,7 @@ class Lock {
         throw new LockStateError(`lock ${JSON.stringify(this._key)} is released; it cannot be extended`);
       }
       const opId = nextOpId();
-      return Promise.resolve(answer(native.extend(this._id, ttl, opId), opId));
+      return Promise.resolve(answer(native.extend(this._id, ttl, opId), opId, undefined, 'extend', this._key));
     } catch (error) {
       return Promise.reject(error);
     }
@@ -258,7 +260,7 @@ class Lock {
     if (this._end !== undefined) return Promise.resolve(false);
     try {
       const opId = nextOpId();
-      return Promise.resolve(answer(native.isHeld(this._id, opId), opId));
+      return Promise.resolve(answer(native.isHeld(this._id, opId), opId, undefined, 'isHeld', this._key));
     } catch (error) {
       return Promise.reject(error);
     }
@@ -266,6 +268,16 @@ class Lock {
 
   async [Symbol.asyncDispose]() {
     await this._release(true);
+  }
+
+  /** What a log line may show: never the token, which would let a reader release the lock. */
+  toJSON() {
+    const { key, state, ttl, heldMs, fence } = this;
+    return fence === undefined ? { key, state, ttl, heldMs } : { key, state, ttl, heldMs, fence };
+  }
+
+  [inspect.custom](depth, options, inspectFn = inspect) {
+    return `Lock ${inspectFn(this.toJSON(), options)}`;
   }
 }
 
@@ -390,13 +402,13 @@ class Locker {
       if (isTtlOnly(key, options)) {
         const opId = nextOpId();
         r = fast.acquireTtl(this._id, mode, key, options.ttl, opId);
-        if (r === PENDING) return wait(opId, (id) => (id === null ? null : this._lock(id, key, options)));
-        r = answer(r, opId);
+        if (r === PENDING) return wait(opId, (id) => (id === null ? null : this._lock(id, key, options)), 'acquire', this._prefix + key);
+        r = answer(r, opId, undefined, 'acquire', this._prefix + key);
       } else {
         const args = this._args(key, options, mode === 1);
         const start = (abortId) => {
           const opId = nextOpId();
-          return answer(native.acquire(this._id, mode, ...args, abortId, opId), opId);
+          return answer(native.acquire(this._id, mode, ...args, abortId, opId), opId, undefined, 'acquire', this._prefix + key);
         };
         r = signal === undefined ? start(undefined) : this._withSignal(signal, start);
       }

@@ -85,9 +85,13 @@ function callHost(fn, arg, opId) {
 // cheaper than making and clearing a timer per operation.
 let keepAlive;
 
-function wait(opId, map) {
+/**
+ * A promise of operation `opId`'s answer, or of `map(answer)`. `operation` and `key`, when
+ * given, are named on a BackendError it fails with.
+ */
+function wait(opId, map, operation, key) {
   return new Promise((resolve, reject) => {
-    waiting.set(opId, { resolve, reject, map });
+    waiting.set(opId, { resolve, reject, map, operation, key });
     const settled = early.get(opId);
     if (settled !== undefined) {
       early.delete(opId);
@@ -111,7 +115,7 @@ const hub = {
     }
     waiting.delete(opId);
     if (waiting.size === 0 && keepAlive !== undefined) keepAlive.unref();
-    if (isError) w.reject(value);
+    if (isError) w.reject(w.operation === undefined ? value : errors.nameOperation(value, w.operation, w.key));
     else if (w.map === undefined) w.resolve(value);
     else {
       try {
@@ -191,9 +195,9 @@ function own(owner, kind, id) {
  * The result of a native operation: the value itself when it finished within the call
  * (so the fast path makes no promise here), else a promise of `map(value)`.
  */
-function answer(r, opId, map) {
-  if (r === PENDING) return wait(opId, map);
-  if (r === FAILED) throw native.takeError(fast.realm);
+function answer(r, opId, map, operation, key) {
+  if (r === PENDING) return wait(opId, map, operation, key);
+  if (r === FAILED) throw errors.nameOperation(native.takeError(fast.realm), operation, key);
   return r;
 }
 
