@@ -147,3 +147,30 @@ describe('debugging', () => {
     assert.match(inspect(lock), /released/);
   });
 });
+
+describe('connection URLs', () => {
+  it('a wrong URL is refused naming the part that is wrong, never the password', async () => {
+    const { RedisAdapter } = await import('locco-rs/redis');
+    const { PostgresAdapter } = await import('locco-rs/postgres');
+    const { MongoAdapter } = await import('locco-rs/mongo');
+    const cases = [
+      [() => new RedisAdapter({ url: 'redis://u:pw-secret@127.0.0.1:notaport' }), 'url', /port "notaport".*1 to 65535/],
+      [() => new RedisAdapter({ url: 'http://127.0.0.1:6379' }), 'url', /scheme "http:".*redis:\/\//],
+      [() => new RedisAdapter({ url: 'redis://' }), 'url', /no host/],
+      [() => new RedisAdapter({ urls: ['redis://127.0.0.1:7000', 'redis://127.0.0.1:99999'], cluster: true }), 'urls[1]', /port "99999"/],
+      [() => new PostgresAdapter({ url: 'postgres://u:pw-secret@127.0.0.1:5x/db' }), 'url', /port "5x"/],
+      [() => new PostgresAdapter({ url: 'mysql://u@127.0.0.1/db' }), 'url', /scheme "mysql:"/],
+      [() => new MongoAdapter({ url: 'mongodb://u:pw-secret@127.0.0.1:27017,127.0.0.1:x/db' }), 'url', /port "x"/],
+      [() => new MongoAdapter({ url: 'mongodb+srv://cluster.example:27017/db' }), 'url', /does not take/],
+    ];
+    for (const [make, field, message] of cases) {
+      assert.throws(make, (e) => {
+        assert.ok(e instanceof esm.ValidationError, String(e));
+        assert.equal(e.field, field);
+        assert.match(e.message, message);
+        assert.doesNotMatch(e.message, /pw-secret/);
+        return true;
+      });
+    }
+  });
+});

@@ -4,6 +4,7 @@ const { native, answer, nextOpId } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
+const { checkUrl } = require('./url.js');
 
 /**
  * Locks in a PostgreSQL table. The engine owns the connection pool: pass a URL, not a client.
@@ -21,6 +22,8 @@ class PostgresAdapter extends NativeAdapter {
     if (tls !== undefined && (tls === null || typeof tls !== 'object')) throw validation('tls', 'must be an object { ca? }');
     if (tls !== undefined) refuseUnknown('tls', tls, ['ca']);
     if (typeof url !== 'string') throw validation('url', 'is required: postgres://user:password@host:port/db');
+    // The key=value form (host=… port=…) is left to the driver.
+    if (url.includes('://')) checkUrl('url', url, { schemes: ['postgres', 'postgresql'], manyHosts: true });
     if (tableName !== undefined && typeof tableName !== 'string') throw validation('tableName', 'must be a string');
     if (createTable !== undefined && typeof createTable !== 'boolean') throw validation('createTable', 'must be a boolean');
     for (const [field, v] of [['poolSize', poolSize], ['connectTimeout', connectTimeout]]) {

@@ -4,6 +4,9 @@ const { native, answer, nextOpId } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
+const { checkUrl } = require('./url.js');
+
+const REDIS_URL = { schemes: ['redis', 'rediss'] };
 
 function optionalMs(field, v) {
   if (v !== undefined && typeof v !== 'number') throw validation(field, 'must be a number of ms');
@@ -31,7 +34,9 @@ class RedisAdapter extends NativeAdapter {
         throw validation('urls', 'must be a non-empty array of redis:// or rediss:// URLs');
       }
       list = urls;
+      urls.forEach((u, i) => checkUrl(`urls[${i}]`, u, REDIS_URL));
     } else if (typeof url === 'string') {
+      checkUrl('url', url, REDIS_URL);
       list = [url];
     } else {
       throw validation('url', 'is required (redis://[user:password@]host:port), or urls with cluster: true');
