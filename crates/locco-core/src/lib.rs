@@ -9,45 +9,32 @@
 //! from the backends; everything else needs no locks.
 
 mod backend;
-mod clock;
-mod error;
-mod event_loop;
-mod events;
-mod ids;
-#[cfg(any(feature = "redis", feature = "postgres", feature = "mongo"))]
-mod io;
-mod lock;
-mod locker;
-mod memory;
-#[cfg(feature = "mongo")]
-pub mod mongo;
-mod options;
-#[cfg(feature = "postgres")]
-pub mod postgres;
-#[cfg(feature = "redis")]
-pub mod redis;
-#[cfg(all(feature = "redis", unix))]
-mod redis_loop;
-mod retry;
-mod runtime;
-mod scheduler;
-mod timer;
-mod waiters;
+mod engine;
 
+// The backends with options of their own, at the paths the binding uses.
+#[cfg(feature = "mongo")]
+pub use backend::mongo;
+#[cfg(feature = "postgres")]
+pub use backend::postgres;
+#[cfg(feature = "redis")]
+pub use backend::redis;
+
+pub use backend::memory::MemoryBackend;
+pub use backend::waiters::{LocalWaiters, LocalWakeups};
 pub use backend::{Backend, Coordination, Op, Waiter};
-pub use clock::{monotonic_ms, Clock, LeaseClock, MonotonicClock, SystemSource, TimeSource};
-pub use error::{BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result};
-pub use event_loop::{EventLoop, SocketWatch};
-pub use events::{Event, EventSink, LossListener};
-pub use ids::{IdHasher, IdMap};
-pub use lock::{lease_end, Lock, LockState, CLOCK_DRIFT_FACTOR};
-pub use locker::Locker;
-pub use memory::MemoryBackend;
-pub use options::{
+pub use engine::clock::{
+    monotonic_ms, Clock, LeaseClock, MonotonicClock, SystemSource, TimeSource,
+};
+pub use engine::error::{BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result};
+pub use engine::event_loop::{EventLoop, SocketWatch};
+pub use engine::events::{Event, EventSink, LossListener};
+pub use engine::ids::{IdHasher, IdMap};
+pub use engine::lock::{lease_end, Lock, LockState, CLOCK_DRIFT_FACTOR};
+pub use engine::locker::Locker;
+pub use engine::options::{
     random_token, validate_key, validate_ttl, AcquireOptions, AutoExtend, LockerOptions,
     TokenSource, MAX_KEY_BYTES, MAX_TTL_MS,
 };
-pub use retry::{Backoff, Delay, DelayFn, DelayInput, RetryOverrides, RetryPolicy};
-pub use runtime::{Abort, LocalFuture, Runtime, Spawn};
-pub use timer::{sleep_until, LocalTimer, ManualClock, Sleep, ThreadTimer, Timer};
-pub use waiters::{LocalWaiters, LocalWakeups};
+pub use engine::retry::{Backoff, Delay, DelayFn, DelayInput, RetryOverrides, RetryPolicy};
+pub use engine::runtime::{Abort, LocalFuture, Runtime, Spawn};
+pub use engine::timer::{sleep_until, LocalTimer, ManualClock, Sleep, ThreadTimer, Timer};

@@ -4,9 +4,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use crate::backend::waiters::LocalWaiters;
 use crate::backend::{Backend, Coordination, Op, Waiter};
-use crate::clock::{Clock, MonotonicClock};
-use crate::waiters::LocalWaiters;
+use crate::engine::clock::{Clock, MonotonicClock};
 
 struct Entry {
     token: String,

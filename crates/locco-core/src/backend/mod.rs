@@ -1,10 +1,23 @@
-//! What a backend must do: a few atomic verbs over `(key, token, ttl)`.
+//! What a backend must do: a few atomic verbs over `(key, token, ttl)`, and the backends:
+//! in memory, Redis/Valkey, PostgreSQL and MongoDB, with the I/O thread the networked ones
+//! share and the per-key queues of local waiters.
+
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mongo"))]
+pub(crate) mod io;
+pub(crate) mod memory;
+#[cfg(feature = "mongo")]
+pub mod mongo;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+pub(crate) mod waiters;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use crate::error::Result;
+use crate::engine::error::Result;
 
 /// The answer of one backend operation: ready at once (the in-memory backend) or later.
 /// Being an enum keeps the synchronous path free of allocations.

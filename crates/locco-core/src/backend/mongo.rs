@@ -16,9 +16,9 @@ use mongodb::options::{
 };
 use mongodb::{Client, Collection, IndexModel};
 
+use crate::backend::io::{self, redact, Failure};
 use crate::backend::{Backend, Op};
-use crate::error::{BackendErrorKind, Error};
-use crate::io::{self, redact, Failure};
+use crate::engine::error::{BackendErrorKind, Error};
 
 /// How to reach MongoDB and where the locks live.
 #[derive(Debug, Clone)]
@@ -305,7 +305,7 @@ impl Inner {
         ] };
         // `grant` marks which attempt took the key: the token alone cannot tell, since a
         // second acquire with the same token must fail (no re-entrancy).
-        let attempt = crate::options::random_token();
+        let attempt = crate::engine::options::random_token();
         let update = vec![doc! { "$set": {
             "uniqueValue": { "$cond": [ free.clone(), token, "$uniqueValue" ] },
             "expireAt": { "$cond": [ free.clone(), now_plus(ttl), "$expireAt" ] },

@@ -15,9 +15,9 @@ use deadpool_postgres::{
 };
 use tokio_postgres::error::SqlState;
 
+use crate::backend::io::{self, redact, Failure, OnAbandon};
 use crate::backend::{Backend, Op};
-use crate::error::{BackendErrorKind, Error};
-use crate::io::{self, redact, Failure, OnAbandon};
+use crate::engine::error::{BackendErrorKind, Error};
 
 /// The longest identifier PostgreSQL keeps.
 const MAX_IDENTIFIER_BYTES: usize = 63;

@@ -3,14 +3,14 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use crate::clock::checked_now;
-use crate::error::{Error, LostReason, Result};
-use crate::events::Event;
-use crate::locker::Shared;
-use crate::options::validate_ttl;
-use crate::runtime::{first, First};
-use crate::scheduler::Due;
-use crate::timer::sleep_until;
+use crate::engine::clock::checked_now;
+use crate::engine::error::{Error, LostReason, Result};
+use crate::engine::events::Event;
+use crate::engine::locker::Shared;
+use crate::engine::options::validate_ttl;
+use crate::engine::runtime::{first, First};
+use crate::engine::scheduler::Due;
+use crate::engine::timer::sleep_until;
 
 /// The local lease ends this share of the TTL early: room for a holder clock that runs slower
 /// than the backend's (the margin Redlock uses).

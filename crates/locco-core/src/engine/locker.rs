@@ -4,15 +4,15 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::backend::{Backend, Op, Waiter};
-use crate::clock::checked_now;
-use crate::error::{BackendErrorKind, Error, HeldReason, Result};
-use crate::events::Event;
-use crate::lock::{lease_end, Heartbeat, Lock, LockInner, LockState};
-use crate::options::{random_token, validate_key, AcquireOptions, LockerOptions};
-use crate::retry::{Delay, DelayInput, RetryPolicy};
-use crate::runtime::{aborted, first, Abort, First, Runtime};
-use crate::scheduler::{Due, Scheduler};
-use crate::timer::{sleep_until, sleep_until_from};
+use crate::engine::clock::checked_now;
+use crate::engine::error::{BackendErrorKind, Error, HeldReason, Result};
+use crate::engine::events::Event;
+use crate::engine::lock::{lease_end, Heartbeat, Lock, LockInner, LockState};
+use crate::engine::options::{random_token, validate_key, AcquireOptions, LockerOptions};
+use crate::engine::retry::{Delay, DelayInput, RetryPolicy};
+use crate::engine::runtime::{aborted, first, Abort, First, Runtime};
+use crate::engine::scheduler::{Due, Scheduler};
+use crate::engine::timer::{sleep_until, sleep_until_from};
 
 /// The shortest wait between attempts: one timer tick, so retries never spin.
 const MIN_WAIT_MS: f64 = 1.0;

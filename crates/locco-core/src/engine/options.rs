@@ -2,9 +2,9 @@
 
 use std::rc::Rc;
 
-use crate::error::{Error, Result};
-use crate::events::{EventSink, LossListener};
-use crate::retry::{RetryOverrides, RetryPolicy};
+use crate::engine::error::{Error, Result};
+use crate::engine::events::{EventSink, LossListener};
+use crate::engine::retry::{RetryOverrides, RetryPolicy};
 
 /// The longest key, in bytes, prefix included.
 pub const MAX_KEY_BYTES: usize = 4096;
@@ -77,10 +77,10 @@ impl AcquireOptions {
     pub fn validate(&self) -> Result<()> {
         validate_ttl("ttl", self.ttl as f64)?;
         if let Some(t) = self.retry.timeout {
-            crate::retry::non_negative("retry.timeout", t)?;
+            crate::engine::retry::non_negative("retry.timeout", t)?;
         }
-        if let crate::retry::Delay::Fixed(d) = self.retry.delay {
-            crate::retry::non_negative("retry.delay", d)?;
+        if let crate::engine::retry::Delay::Fixed(d) = self.retry.delay {
+            crate::engine::retry::non_negative("retry.delay", d)?;
         }
         if let Some(ax) = &self.auto_extend {
             let interval = ax.interval.unwrap_or(self.ttl as f64 / 3.0);

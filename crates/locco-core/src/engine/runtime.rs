@@ -7,8 +7,8 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
-use crate::clock::{Clock, LeaseClock};
-use crate::timer::{LocalTimer, ThreadTimer, Timer};
+use crate::engine::clock::{Clock, LeaseClock};
+use crate::engine::timer::{LocalTimer, ThreadTimer, Timer};
 
 pub type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
 

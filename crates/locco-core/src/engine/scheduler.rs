@@ -7,8 +7,8 @@ use std::collections::BinaryHeap;
 use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 
-use crate::lock::LockInner;
-use crate::runtime::{first, Runtime};
+use crate::engine::lock::LockInner;
+use crate::engine::runtime::{first, Runtime};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Due {
@@ -95,7 +95,7 @@ async fn drive(s: Rc<Scheduler>, rt: Runtime) {
     loop {
         let now = rt.clock.now();
         while let Some((at, due, lock)) = s.pop_due(now) {
-            crate::lock::on_due(&lock, due, at);
+            crate::engine::lock::on_due(&lock, due, at);
         }
         let next = s.heap.borrow().peek().map(|Reverse(e)| e.at);
         let Some(next) = next else {

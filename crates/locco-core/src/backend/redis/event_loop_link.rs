@@ -21,10 +21,10 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionInfo};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::error::{BackendErrorKind, Error};
-use crate::event_loop::{EventLoop, SocketWatch};
-use crate::io::{self, runtime, Failure};
-use crate::runtime::{first, First};
+use crate::backend::io::{self, runtime, Failure};
+use crate::engine::error::{BackendErrorKind, Error};
+use crate::engine::event_loop::{EventLoop, SocketWatch};
+use crate::engine::runtime::{first, First};
 
 /// A non-blocking socket read on the engine's thread; the host writes what it is sent.
 struct LoopStream {
@@ -303,7 +303,7 @@ impl Link {
             io::sleep(Duration::from_millis(timeout_ms).saturating_sub(started.elapsed()));
         let (conn, driver) = match first(setup, deadline).await {
             First::Left(r) => {
-                r.map_err(|e| crate::redis::failure_of(&self.secrets, e).into_error())?
+                r.map_err(|e| crate::backend::redis::failure_of(&self.secrets, e).into_error())?
             }
             First::Right(_) => {
                 let _ = sock.shutdown(std::net::Shutdown::Both);

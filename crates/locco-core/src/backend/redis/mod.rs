@@ -13,9 +13,12 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind};
 
+use crate::backend::io::{self, redact, runtime, Failure};
 use crate::backend::{Backend, Op};
-use crate::error::{BackendErrorKind, Error};
-use crate::io::{self, redact, runtime, Failure};
+use crate::engine::error::{BackendErrorKind, Error};
+
+#[cfg(unix)]
+mod event_loop_link;
 
 /// Deletes the key only when it still carries our token.
 const RELEASE: &str = r"
@@ -118,7 +121,7 @@ impl RedisOptions {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
-    /// A connection on the engine's thread (see `redis_loop`).
+    /// A connection on the engine's thread (see `event_loop_link`).
     Local(MultiplexedConnection),
 }
 
@@ -171,7 +174,7 @@ pub struct RedisBackend {
     inner: Arc<Inner>,
     /// The connection on the engine's thread, when the host's event loop drives it.
     #[cfg(unix)]
-    link: Option<std::rc::Rc<crate::redis_loop::Link>>,
+    link: Option<std::rc::Rc<crate::backend::redis::event_loop_link::Link>>,
 }
 
 fn secrets_of(urls: &[String]) -> Vec<String> {
@@ -290,7 +293,7 @@ impl RedisBackend {
         if o.wait_for_replicas.is_some() {
             return;
         }
-        self.link = crate::redis_loop::Link::new(
+        self.link = crate::backend::redis::event_loop_link::Link::new(
             host,
             client.get_connection_info().clone(),
             self.inner.secrets.clone(),
