@@ -36,5 +36,6 @@ pub use engine::options::{
     TokenSource, MAX_KEY_BYTES, MAX_TTL_MS,
 };
 pub use engine::retry::{Backoff, Delay, DelayFn, DelayInput, RetryOverrides, RetryPolicy};
-pub use engine::runtime::{Abort, LocalFuture, Runtime, Spawn};
+pub use engine::runtime::{Abort, Runtime};
+pub use engine::task::{LocalFuture, Spawn};
 pub use engine::timer::{sleep_until, LocalTimer, ManualClock, Sleep, ThreadTimer, Timer};

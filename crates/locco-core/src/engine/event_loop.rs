@@ -7,7 +7,7 @@
 
 use std::task::Context;
 
-use crate::LocalFuture;
+use crate::engine::task::LocalFuture;
 
 /// Readiness of one non-blocking socket, reported by the host's event loop.
 pub trait SocketWatch {

@@ -6,10 +6,10 @@ use std::rc::Rc;
 use crate::engine::clock::checked_now;
 use crate::engine::error::{Error, LostReason, Result};
 use crate::engine::events::Event;
-use crate::engine::locker::Shared;
 use crate::engine::options::validate_ttl;
-use crate::engine::runtime::{first, First};
-use crate::engine::scheduler::Due;
+use crate::engine::scheduler::{Due, Scheduled};
+use crate::engine::shared::Shared;
+use crate::engine::task::{first, First};
 use crate::engine::timer::sleep_until;
 
 /// The local lease ends this share of the TTL early: room for a holder clock that runs slower
@@ -336,8 +336,14 @@ impl LockInner {
     }
 }
 
+impl Scheduled for LockInner {
+    fn on_due(self: Rc<Self>, due: Due, at: f64) {
+        on_due(&self, due, at);
+    }
+}
+
 /// Runs what the scheduler says is due for `lock`.
-pub(crate) fn on_due(lock: &Rc<LockInner>, due: Due, at: f64) {
+fn on_due(lock: &Rc<LockInner>, due: Due, at: f64) {
     lock.refresh();
     if due == Due::Expiry || lock.state.get() != LockState::Held || lock.heartbeat_stopped.get() {
         return;

@@ -10,20 +10,14 @@ use crate::engine::events::Event;
 use crate::engine::lock::{lease_end, Heartbeat, Lock, LockInner, LockState};
 use crate::engine::options::{random_token, validate_key, AcquireOptions, LockerOptions};
 use crate::engine::retry::{Delay, DelayInput, RetryPolicy};
-use crate::engine::runtime::{aborted, first, Abort, First, Runtime};
-use crate::engine::scheduler::{Due, Scheduler};
+use crate::engine::runtime::{aborted, Abort, Runtime};
+use crate::engine::scheduler::Due;
+use crate::engine::shared::Shared;
+use crate::engine::task::{first, First};
 use crate::engine::timer::{sleep_until, sleep_until_from};
 
 /// The shortest wait between attempts: one timer tick, so retries never spin.
 const MIN_WAIT_MS: f64 = 1.0;
-
-pub(crate) struct Shared {
-    pub backend: Rc<dyn Backend>,
-    pub rt: Runtime,
-    pub options: LockerOptions,
-    pub retry: RetryPolicy,
-    pub scheduler: Rc<Scheduler>,
-}
 
 thread_local! {
     static NEXT_LOCK_ID: Cell<u64> = const { Cell::new(1) };

@@ -13,4 +13,6 @@ pub(crate) mod options;
 pub(crate) mod retry;
 pub(crate) mod runtime;
 pub(crate) mod scheduler;
+pub(crate) mod shared;
+pub(crate) mod task;
 pub(crate) mod timer;

@@ -3,21 +3,12 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 use crate::engine::clock::{Clock, LeaseClock};
+use crate::engine::task::Spawn;
 use crate::engine::timer::{LocalTimer, ThreadTimer, Timer};
-
-pub type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
-
-/// Runs background work (a heartbeat's request, giving back a late grant) on the engine's
-/// thread. The engine is single-threaded by design: all its state lives on one thread, the
-/// JavaScript thread in Node.js, so it needs no locks.
-pub trait Spawn {
-    fn spawn(&self, task: LocalFuture<()>);
-}
 
 /// The host services of one Locker.
 #[derive(Clone)]
@@ -92,26 +83,4 @@ pub(crate) async fn aborted(abort: Option<&Abort>) {
         Some(a) => a.aborted().await,
         None => std::future::pending().await,
     }
-}
-
-/// Which of two futures finished first; the other is dropped.
-pub(crate) enum First<A, B> {
-    Left(A),
-    Right(B),
-}
-
-/// Polls both, left first.
-pub(crate) async fn first<A: Future, B: Future>(a: A, b: B) -> First<A::Output, B::Output> {
-    let mut a = std::pin::pin!(a);
-    let mut b = std::pin::pin!(b);
-    std::future::poll_fn(move |cx| {
-        if let Poll::Ready(v) = a.as_mut().poll(cx) {
-            return Poll::Ready(First::Left(v));
-        }
-        if let Poll::Ready(v) = b.as_mut().poll(cx) {
-            return Poll::Ready(First::Right(v));
-        }
-        Poll::Pending
-    })
-    .await
 }

@@ -1,5 +1,6 @@
 //! One scheduler per Locker drives every heartbeat tick and lease-expiry check of its locks,
-//! from one heap and one pending sleep, instead of a timer per lock.
+//! from one heap and one pending sleep, instead of a timer per lock. It knows a lock only as
+//! something [`Scheduled`] that it tells what fell due.
 
 use std::cell::{Cell, RefCell};
 use std::cmp::{Ordering, Reverse};
@@ -7,8 +8,8 @@ use std::collections::BinaryHeap;
 use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 
-use crate::engine::lock::LockInner;
-use crate::engine::runtime::{first, Runtime};
+use crate::engine::runtime::Runtime;
+use crate::engine::task::first;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Due {
@@ -18,11 +19,18 @@ pub(crate) enum Due {
     Expiry,
 }
 
+/// What the scheduler runs entries for (a lock). It holds it weakly: an entry of a lock that
+/// is gone is skipped.
+pub(crate) trait Scheduled {
+    /// Runs what fell due, scheduled for clock time `at`.
+    fn on_due(self: Rc<Self>, due: Due, at: f64);
+}
+
 struct Entry {
     at: f64,
     seq: u64,
     due: Due,
-    lock: Weak<LockInner>,
+    lock: Weak<dyn Scheduled>,
 }
 
 impl PartialEq for Entry {
@@ -53,14 +61,20 @@ pub(crate) struct Scheduler {
 
 impl Scheduler {
     /// Schedules `due` for `lock` at clock time `at`.
-    pub(crate) fn push(self: &Rc<Self>, rt: &Runtime, at: f64, due: Due, lock: &Rc<LockInner>) {
+    pub(crate) fn push<L: Scheduled + 'static>(
+        self: &Rc<Self>,
+        rt: &Runtime,
+        at: f64,
+        due: Due,
+        lock: &Rc<L>,
+    ) {
         let seq = self.seq.get() + 1;
         self.seq.set(seq);
         self.heap.borrow_mut().push(Reverse(Entry {
             at,
             seq,
             due,
-            lock: Rc::downgrade(lock),
+            lock: Rc::downgrade(lock) as Weak<dyn Scheduled>,
         }));
         if !self.running.replace(true) {
             rt.spawner.spawn(Box::pin(drive(self.clone(), rt.clone())));
@@ -75,7 +89,7 @@ impl Scheduler {
         }
     }
 
-    fn pop_due(&self, now: f64) -> Option<(f64, Due, Rc<LockInner>)> {
+    fn pop_due(&self, now: f64) -> Option<(f64, Due, Rc<dyn Scheduled>)> {
         let mut heap = self.heap.borrow_mut();
         while let Some(Reverse(top)) = heap.peek() {
             if top.at > now {
@@ -95,7 +109,7 @@ async fn drive(s: Rc<Scheduler>, rt: Runtime) {
     loop {
         let now = rt.clock.now();
         while let Some((at, due, lock)) = s.pop_due(now) {
-            crate::engine::lock::on_due(&lock, due, at);
+            lock.on_due(due, at);
         }
         let next = s.heap.borrow().peek().map(|Reverse(e)| e.at);
         let Some(next) = next else {

@@ -229,7 +229,7 @@ pub struct LocalTimer(Rc<LocalTimerState>);
 
 struct LocalTimerState {
     base: Rc<dyn Timer>,
-    spawner: Rc<dyn crate::engine::runtime::Spawn>,
+    spawner: Rc<dyn crate::engine::task::Spawn>,
     entries: RefCell<std::collections::BTreeMap<(Instant, u64), Waker>>,
     next_id: Cell<u64>,
     driving: Cell<bool>,
@@ -238,7 +238,7 @@ struct LocalTimerState {
 }
 
 impl LocalTimer {
-    pub fn new(base: Rc<dyn Timer>, spawner: Rc<dyn crate::engine::runtime::Spawn>) -> Self {
+    pub fn new(base: Rc<dyn Timer>, spawner: Rc<dyn crate::engine::task::Spawn>) -> Self {
         LocalTimer(Rc::new(LocalTimerState {
             base,
             spawner,
@@ -346,7 +346,7 @@ async fn drive(state: Rc<LocalTimerState>) {
             *state.armed.borrow_mut() = Some((at, cx.waker().clone()));
             Poll::Pending
         });
-        crate::engine::runtime::first(wait, earlier).await;
+        crate::engine::task::first(wait, earlier).await;
     }
 }
 
@@ -357,8 +357,8 @@ mod tests {
     use futures_util::task::LocalSpawnExt;
 
     struct Spawner(futures_executor::LocalSpawner);
-    impl crate::engine::runtime::Spawn for Spawner {
-        fn spawn(&self, task: crate::engine::runtime::LocalFuture<()>) {
+    impl crate::engine::task::Spawn for Spawner {
+        fn spawn(&self, task: crate::engine::task::LocalFuture<()>) {
             self.0.spawn_local(task).unwrap();
         }
     }

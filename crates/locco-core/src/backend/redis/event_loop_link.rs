@@ -22,9 +22,10 @@ use redis::{AsyncConnectionConfig, ConnectionInfo};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::backend::io::{self, runtime, Failure};
+use crate::backend::redis::failure::failure_of;
 use crate::engine::error::{BackendErrorKind, Error};
 use crate::engine::event_loop::{EventLoop, SocketWatch};
-use crate::engine::runtime::{first, First};
+use crate::engine::task::{first, First};
 
 /// A non-blocking socket read on the engine's thread; the host writes what it is sent.
 struct LoopStream {
@@ -302,9 +303,7 @@ impl Link {
         let deadline =
             io::sleep(Duration::from_millis(timeout_ms).saturating_sub(started.elapsed()));
         let (conn, driver) = match first(setup, deadline).await {
-            First::Left(r) => {
-                r.map_err(|e| crate::backend::redis::failure_of(&self.secrets, e).into_error())?
-            }
+            First::Left(r) => r.map_err(|e| failure_of(&self.secrets, e).into_error())?,
             First::Right(_) => {
                 let _ = sock.shutdown(std::net::Shutdown::Both);
                 let message = format!("connecting to Redis did not finish within {timeout_ms} ms");

@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::{AsyncConnectionConfig, Client, RedisError, Script};
 
 use crate::backend::io::{self, redact, runtime, Failure};
 use crate::backend::{Backend, Op};
@@ -19,6 +19,9 @@ use crate::engine::error::{BackendErrorKind, Error};
 
 #[cfg(unix)]
 mod event_loop_link;
+mod failure;
+
+use failure::failure_of;
 
 /// Deletes the key only when it still carries our token.
 const RELEASE: &str = r"
@@ -505,48 +508,6 @@ impl Inner {
                 .script::<i64>(&scripts().release, &[key], &[token])
                 .await;
         }
-    }
-}
-
-/// A driver failure as a `BackendError`, with every secret removed from the message.
-pub(crate) fn failure_of(secrets: &[String], e: RedisError) -> Failure {
-    let kind = match e.kind() {
-        ErrorKind::AuthenticationFailed => BackendErrorKind::Auth,
-        ErrorKind::Server(ServerErrorKind::NoPerm) => BackendErrorKind::Auth,
-        ErrorKind::Io if e.is_timeout() => BackendErrorKind::Timeout,
-        ErrorKind::Io => {
-            let m = e.to_string().to_ascii_lowercase();
-            if [
-                "tls",
-                "certificate",
-                "handshake",
-                "invalidcontenttype",
-                "corrupt",
-            ]
-            .iter()
-            .any(|w| m.contains(w))
-            {
-                BackendErrorKind::Tls
-            } else {
-                BackendErrorKind::Io
-            }
-        }
-        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => BackendErrorKind::Protocol,
-        ErrorKind::InvalidClientConfig => BackendErrorKind::Config,
-        ErrorKind::Server(ServerErrorKind::ResponseError) => {
-            let m = e.to_string();
-            if m.contains("NOAUTH") || m.contains("WRONGPASS") {
-                BackendErrorKind::Auth
-            } else {
-                BackendErrorKind::Script
-            }
-        }
-        _ if e.is_timeout() => BackendErrorKind::Timeout,
-        _ => BackendErrorKind::Other,
-    };
-    Failure {
-        code: e.code().map(str::to_string),
-        ..Failure::new("redis", kind, redact(secrets, e.to_string()))
     }
 }
 

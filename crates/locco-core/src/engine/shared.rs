@@ -1,0 +1,18 @@
+//! What a Locker and its locks share: the backend, the host services, the options and the
+//! scheduler of their heartbeats and expiry checks.
+
+use std::rc::Rc;
+
+use crate::backend::Backend;
+use crate::engine::options::LockerOptions;
+use crate::engine::retry::RetryPolicy;
+use crate::engine::runtime::Runtime;
+use crate::engine::scheduler::Scheduler;
+
+pub(crate) struct Shared {
+    pub backend: Rc<dyn Backend>,
+    pub rt: Runtime,
+    pub options: LockerOptions,
+    pub retry: RetryPolicy,
+    pub scheduler: Rc<Scheduler>,
+}
