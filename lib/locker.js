@@ -13,6 +13,7 @@ const {
   own,
   lockers,
   lossHandlers,
+  runLater,
   ABORTED,
   PENDING,
 } = require('./native.js');
@@ -204,6 +205,9 @@ class Lock {
         native.lockWatch(this._id);
       }
     }
+    // A loss the engine reported during an earlier getter is queued (see native.js `later`):
+    // deliver it now, so the signal agrees with `state`.
+    runLater();
     return this._controller.signal;
   }
 

@@ -79,6 +79,22 @@ function callHost(fn, arg, opId) {
   }
 }
 
+// User callbacks (onEvent, and the abort listeners of a lost lock's signal) never run while the
+// engine is on the stack: one could call back into it mid-poll. They are queued and run as soon
+// as the native call returns: at the next microtask, or sooner by `runLater` (a getter that
+// must answer consistently with what the engine just said).
+let queued = [];
+function later(call) {
+  if (queued.push(call) === 1) queueMicrotask(runLater);
+}
+function runLater() {
+  while (queued.length > 0) {
+    const calls = queued;
+    queued = [];
+    for (const [fn, ...args] of calls) fn(...args);
+  }
+}
+
 // An awaited operation keeps the process alive, as a pending timer would; the library's own
 // background work (heartbeats, expiry checks) does not.
 // One interval, referenced only while something is awaited: toggling a reference is much
@@ -127,11 +143,11 @@ const hub = {
   },
   event(lockerId, type, key, ttl, a, b, reason, error) {
     const l = lockers.get(lockerId);
-    if (l && l.onEvent) l.onEvent(type, key, ttl, a, b, reason, error);
+    if (l && l.onEvent) later([l.onEvent, type, key, ttl, a, b, reason, error]);
   },
   lost(lockId, reason, cause) {
     const handler = lossHandlers.get(lockId);
-    if (handler !== undefined) handler(reason, cause);
+    if (handler !== undefined) later([handler, reason, cause]);
   },
   callAdapter(adapterId, method, key, token, ttl, opId) {
     const adapter = adapters.get(adapterId);
@@ -246,6 +262,7 @@ module.exports = {
   adapters,
   delays,
   lossHandlers,
+  runLater,
   ABORTED,
   ADAPTER_METHODS,
 };

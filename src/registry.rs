@@ -135,6 +135,26 @@ fn id_or_fail(built: Result<f64, Error>) -> Raw {
     }
 }
 
+/// How many native objects the registry holds, by kind: for the tests that check they are
+/// freed (`adapters, lockers, locks, detached, delays, aborts, jsAdapters`).
+#[napi(catch_unwind)]
+pub fn registry_sizes_for_test() -> Vec<u32> {
+    REG.with(|r| {
+        let r = r.borrow();
+        [
+            r.adapters.len(),
+            r.lockers.len(),
+            r.locks.len(),
+            r.detached.len(),
+            r.delays.len(),
+            r.aborts.len(),
+            r.js_adapters.len(),
+        ]
+        .map(|n| n as u32)
+        .to_vec()
+    })
+}
+
 /// Forgets a built-in adapter whose object was collected. Lockers over it keep its backend.
 #[napi(catch_unwind)]
 pub fn drop_adapter(adapter_id: f64) {
