@@ -30,7 +30,7 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Handle {
 }
 
 /// A failure on the I/O thread, in a form that can cross threads.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Failure {
     pub backend: &'static str,
     pub kind: BackendErrorKind,

@@ -169,6 +169,10 @@ struct Inner {
     /// nobody else's commands.
     replicated: Mutex<Vec<MultiplexedConnection>>,
     warning: Mutex<Option<String>>,
+    /// Failed connection attempts so far, and the last one's failure: an operation that
+    /// waited while an attempt failed takes that failure (see `conn`).
+    connect_failures: std::sync::atomic::AtomicU64,
+    connect_failed: Mutex<Option<Failure>>,
 }
 
 /// A Redis or Valkey server, or a Redis Cluster.
@@ -279,6 +283,8 @@ impl RedisBackend {
                 closed: Default::default(),
                 replicated: Mutex::default(),
                 warning: Mutex::default(),
+                connect_failures: Default::default(),
+                connect_failed: Mutex::default(),
             }),
             #[cfg(unix)]
             link: None,
@@ -442,15 +448,34 @@ impl Inner {
     }
 
     async fn conn(self: &Arc<Self>) -> Result<Conn, Failure> {
+        use std::sync::atomic::Ordering;
         self.check_open()?;
+        let failures_before = self.connect_failures.load(Ordering::Acquire);
         let mut slot = self.conn.lock().await;
         if let Some(c) = &*slot {
             return Ok(c.clone());
         }
-        // A failed connect is not kept: the next operation tries again.
-        let conn = self.connect().await?;
-        *slot = Some(conn.clone());
-        Ok(conn)
+        // An attempt that failed while this operation waited for the slot is its answer too:
+        // trying again at once would make every queued operation pay a whole connect (a TLS
+        // error would come twice as late, past a short lease). A later operation tries anew.
+        if self.connect_failures.load(Ordering::Acquire) != failures_before {
+            if let Some(failure) = self.connect_failed.lock().ok().and_then(|f| f.clone()) {
+                return Err(failure);
+            }
+        }
+        match self.connect().await {
+            Ok(conn) => {
+                *slot = Some(conn.clone());
+                Ok(conn)
+            }
+            Err(failure) => {
+                if let Ok(mut f) = self.connect_failed.lock() {
+                    *f = Some(failure.clone());
+                }
+                self.connect_failures.fetch_add(1, Ordering::AcqRel);
+                Err(failure)
+            }
+        }
     }
 
     /// A connection of its own for a write followed by WAIT.
