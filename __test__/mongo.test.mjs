@@ -113,12 +113,23 @@ describe('MongoAdapter', () => {
     await adapter.close();
   });
 
+  it('driver errors read as sentences, not debug dumps', async () => {
+    const port = await freePort();
+    const adapter = new MongoAdapter({ url: `mongodb://127.0.0.1:${port}/?directConnection=true`, connectTimeout: 500 });
+    const err = await new Locker({ adapter }).tryAcquire('k', { ttl: 5000 }).catch((e) => e);
+    assert.equal(err.code, 'LOCK_BACKEND', String(err));
+    assert.match(err.message, new RegExp(`127\\.0\\.0\\.1:${port}: .*refused`, 'i'));
+    assert.doesNotMatch(err.message, /Kind:|labels:|source: None|Topology:|server response/);
+    await adapter.close();
+  });
+
   it('a replicaSet the server is not part of is a BackendError, not contention', async () => {
     const url = mongo.url.replace('directConnection=true', 'replicaSet=not-this-one');
     const adapter = new MongoAdapter({ url, connectTimeout: 1000 });
     const err = await new Locker({ adapter, retry: { retries: 1, delay: 50 } }).acquire('k', { ttl: 3000 }).catch((e) => e);
     assert.equal(err.code, 'LOCK_BACKEND', String(err));
     assert.ok(['timeout', 'io', 'config'].includes(err.kind), err.kind);
+    assert.doesNotMatch(err.message, /Kind:|labels:|source: None|Topology:/);
     await adapter.close();
   });
 });

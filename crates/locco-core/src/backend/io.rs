@@ -183,9 +183,52 @@ pub(crate) fn sleep(d: std::time::Duration) -> Op<()> {
 }
 
 /// Removes every secret from a message.
+///
+/// A short secret (under 4 characters) is replaced only where it stands as a word of its own:
+/// replaced inside words, a password such as `p` would turn "provided" into "***rovided".
 pub(crate) fn redact(secrets: &[String], mut message: String) -> String {
     for s in secrets.iter().filter(|s| !s.is_empty()) {
-        message = message.replace(s.as_str(), "***");
+        message = if s.chars().count() >= 4 {
+            message.replace(s.as_str(), "***")
+        } else {
+            replace_word(&message, s)
+        };
     }
     message
+}
+
+/// `message` with each occurrence of `word` not inside a longer run of letters and digits
+/// replaced by `***`.
+fn replace_word(message: &str, word: &str) -> String {
+    let is_word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find(word) {
+        let before = rest[..at].chars().next_back();
+        let after = rest[at + word.len()..].chars().next();
+        out.push_str(&rest[..at]);
+        if is_word(before) || is_word(after) {
+            out.push_str(word);
+        } else {
+            out.push_str("***");
+        }
+        rest = &rest[at + word.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redacts_long_secrets_everywhere_and_short_ones_as_words() {
+        let secrets = vec!["hunter2-pw".to_string(), "p".to_string()];
+        let text = "auth as u:hunter2-pw failed; provided password p was refused (p)".to_string();
+        assert_eq!(
+            redact(&secrets, text),
+            "auth as u:*** failed; provided password *** was refused (***)"
+        );
+    }
 }

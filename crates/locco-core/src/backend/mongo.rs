@@ -165,6 +165,56 @@ fn ours_live(key: &str, token: &str) -> Document {
     doc! { "key": key, "uniqueValue": token, "$expr": { "$gt": [ "$expireAt", "$$NOW" ] } }
 }
 
+/// A driver error as a sentence: the error kind's own text, without the driver's labels and
+/// source fields; a failed server selection names each server and why it was unusable rather
+/// than dumping the topology.
+fn sentence(e: &mongodb::error::Error) -> String {
+    match &*e.kind {
+        ErrorKind::ServerSelection { message, .. } => {
+            let servers = servers_of(message);
+            if servers.is_empty() {
+                format!(
+                    "no MongoDB server could be used: {}",
+                    first_sentence(message)
+                )
+            } else {
+                format!("no MongoDB server could be used: {}", servers.join("; "))
+            }
+        }
+        kind => kind.to_string(),
+    }
+}
+
+/// "host:port: why" for each server of a topology description.
+fn servers_of(topology: &str) -> Vec<String> {
+    topology
+        .split("Address: ")
+        .skip(1)
+        .map(|part| {
+            let address = part.split([',', ' ']).next().unwrap_or_default();
+            let why = part
+                .split_once("Error: ")
+                .map(|(_, e)| {
+                    let e = e.trim_start_matches("Kind: ");
+                    e.split(", labels:").next().unwrap_or(e).trim()
+                })
+                .filter(|e| !e.is_empty());
+            let kind = part
+                .split_once("Type: ")
+                .and_then(|(_, t)| t.split([',', ' ']).next())
+                .unwrap_or("Unknown");
+            match why {
+                Some(why) => format!("{address}: {why}"),
+                None => format!("{address}: a {kind} server, not one this URL accepts"),
+            }
+        })
+        .collect()
+}
+
+fn first_sentence(text: &str) -> &str {
+    text.split(". ").next().unwrap_or(text)
+}
+
 impl Inner {
     fn failure(&self, e: mongodb::error::Error) -> Failure {
         let code = match &*e.kind {
@@ -184,7 +234,7 @@ impl Inner {
         };
         Failure {
             code,
-            ..Failure::new("mongo", kind, redact(&self.secrets, e.to_string()))
+            ..Failure::new("mongo", kind, redact(&self.secrets, sentence(&e)))
         }
     }
 
