@@ -2,7 +2,7 @@
 // The one place that talks to the native binding: it registers the trampolines the engine
 // calls, and turns the binding's answers (a value, PENDING, FAILED) into values and promises.
 
-const native = require('../binding.js');
+const native = require('./load.js');
 const errors = require('./errors.js');
 
 const PENDING = -1;
