@@ -9,7 +9,6 @@ use std::ptr;
 use napi::sys;
 
 use crate::ops::{self, Raw};
-use crate::registry;
 
 /// A facade's Float64Array that its `lockEnd` writes a forgotten lock's numbers into; one per
 /// load of the facade, handed to `lockEnd` as its callback data.
@@ -150,7 +149,7 @@ unsafe extern "C" fn acquire_ttl(
         };
         let locker = number(env, locker);
         let mode = number(env, mode) as u32;
-        registry::acquire_ttl(locker, mode, key, number(env, ttl), number(env, op)).0
+        crate::locker::acquire_ttl(locker, mode, key, number(env, ttl), number(env, op)).0
     })
 }
 
@@ -158,7 +157,7 @@ unsafe extern "C" fn acquire_ttl(
 unsafe extern "C" fn release(env: sys::napi_env, info: sys::napi_callback_info) -> sys::napi_value {
     guarded(env, || {
         let [lock, final_attempt, op] = args::<3>(env, info);
-        registry::release(
+        crate::lock::release(
             number(env, lock),
             boolean(env, final_attempt),
             number(env, op),
@@ -196,7 +195,7 @@ unsafe extern "C" fn lock_end(
             Some(e) if !e.data.is_null() => std::slice::from_raw_parts_mut(e.data, e.len),
             _ => &mut [][..],
         };
-        let answer: Raw = match registry::lock_end(number(env, lock), out) {
+        let answer: Raw = match crate::lock::lock_end(number(env, lock), out) {
             Some(token) => Raw(crate::hub::string(&token)),
             None => Raw(crate::hub::null()),
         };

@@ -10,12 +10,16 @@
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod adapters;
 mod executor;
 mod fast;
 mod host;
 mod hub;
+mod lock;
+mod locker;
 mod ops;
 mod registry;
+mod retry;
 mod text;
 #[cfg(unix)]
 mod uv_loop;

@@ -1,0 +1,308 @@
+//! Exports for adapters: building the built-in backends, their own verbs (connect, sweep,
+//! close), direct calls of the adapter contract, and coordination records.
+
+use std::rc::Rc;
+
+use locco_core::mongo::{locks_indexes_json, MongoBackend, MongoOptions};
+use locco_core::postgres::{locks_ddl, PostgresBackend, PostgresOptions};
+use locco_core::redis::{RedisBackend, RedisOptions, WaitForReplicas};
+use locco_core::{validate_ttl, Error, LocalWakeups, MemoryBackend};
+use napi_derive::napi;
+
+use crate::host::{self, JsClock};
+use crate::ops::{self, Answer, Raw};
+use crate::registry::*;
+use crate::text::Key;
+
+/// Forgets a built-in adapter whose object was collected. Lockers over it keep its backend.
+#[napi(catch_unwind)]
+pub fn drop_adapter(adapter_id: f64) {
+    let gone = REG.with(|r| r.borrow_mut().adapters.remove(&(adapter_id as u64)));
+    drop(gone);
+}
+
+/// An optional whole number of at least 1 (milliseconds, a pool size).
+pub(crate) fn at_least_one(field: &str, v: Option<f64>) -> Result<Option<u64>, Error> {
+    match v {
+        None => Ok(None),
+        Some(n) if n.is_finite() && n >= 1.0 && n.fract() == 0.0 => Ok(Some(n as u64)),
+        Some(n) => Err(Error::validation(
+            field,
+            format!("must be a whole number >= 1, got {n}"),
+        )),
+    }
+}
+
+/// An in-memory adapter. `clock_id`: an injected clock (see `now`), else the monotonic clock.
+#[napi(catch_unwind)]
+pub fn create_memory_adapter(clock_id: Option<f64>) -> f64 {
+    let backend = match clock_id {
+        Some(id) => MemoryBackend::new(Rc::new(JsClock { id })),
+        None => MemoryBackend::default(),
+    };
+    register(Adapter::Memory(Rc::new(backend)))
+}
+
+/// Forgets every lock of an in-memory adapter; its fencing counters stay.
+#[napi(catch_unwind)]
+pub fn memory_clear(adapter_id: f64) {
+    let backend = REG.with(|r| match r.borrow().adapters.get(&(adapter_id as u64)) {
+        Some(Adapter::Memory(m)) => Some(m.clone()),
+        _ => None,
+    });
+    if let Some(m) = backend {
+        m.clear();
+    }
+    crate::executor::drain();
+}
+
+/// A Redis adapter; checks its options now and connects on first use (or `redisConnect`).
+#[napi(catch_unwind)]
+#[allow(clippy::too_many_arguments)]
+pub fn create_redis_adapter(
+    urls: Vec<String>,
+    cluster: bool,
+    connect_timeout: Option<f64>,
+    command_timeout: Option<f64>,
+    replicas: Option<f64>,
+    replicas_timeout: Option<f64>,
+    tls_ca: Option<String>,
+) -> Raw {
+    id_or_fail((|| {
+        let mut options = RedisOptions::new(String::new());
+        options.urls = urls;
+        options.cluster = cluster;
+        options.connect_timeout_ms =
+            at_least_one("connectTimeout", connect_timeout)?.unwrap_or(5000);
+        options.command_timeout_ms =
+            at_least_one("commandTimeout", command_timeout)?.unwrap_or(5000);
+        options.tls_ca = tls_ca.map(String::into_bytes);
+        if let Some(r) = at_least_one("waitForReplicas.replicas", replicas)? {
+            options.wait_for_replicas = Some(WaitForReplicas {
+                replicas: r as u32,
+                timeout_ms: at_least_one("waitForReplicas.timeout", replicas_timeout)?.unwrap_or(0),
+            });
+        }
+        #[cfg_attr(not(unix), allow(unused_mut))]
+        let mut backend = RedisBackend::new(options)?;
+        #[cfg(unix)]
+        let event_loop = crate::uv_loop::UvLoop::current()
+            .map_err(|e| Error::Internal(format!("the Redis adapter: {e}")))?;
+        #[cfg(unix)]
+        backend.on_event_loop(Rc::new(event_loop));
+        Ok(register(Adapter::Redis(Rc::new(LocalWakeups::new(
+            backend,
+        )))))
+    })())
+}
+
+/// The backend of adapter `adapter_id` when `pick` accepts its kind; otherwise the failure
+/// to answer, naming `kind`.
+pub(crate) fn backend_of<T>(
+    adapter_id: f64,
+    kind: &str,
+    pick: impl FnOnce(&Adapter) -> Option<T>,
+) -> Result<T, Raw> {
+    REG.with(|r| r.borrow().adapters.get(&(adapter_id as u64)).and_then(pick))
+        .ok_or_else(|| {
+            ops::fail(Error::Internal(format!(
+                "unknown {kind} adapter {adapter_id}"
+            )))
+        })
+}
+
+/// Connects a Redis adapter; answers the warning found at connect, or null.
+#[napi(catch_unwind)]
+pub fn redis_connect(adapter_id: f64, op_id: f64) -> Raw {
+    let backend = match backend_of(adapter_id, "Redis", |a| match a {
+        Adapter::Redis(b) => Some(b.inner().clone()),
+        _ => None,
+    }) {
+        Ok(b) => b,
+        Err(failed) => return failed,
+    };
+    let op = backend.connect();
+    ops::run(op_id, async move {
+        Ok(op.await?.map_or(Answer::Null, Answer::Text))
+    })
+}
+
+/// A PostgreSQL adapter; checks its options now and connects on first use.
+#[napi(catch_unwind)]
+pub fn create_postgres_adapter(
+    url: String,
+    table_name: Option<String>,
+    create_table: Option<bool>,
+    pool_size: Option<f64>,
+    connect_timeout: Option<f64>,
+    tls_ca: Option<String>,
+) -> Raw {
+    id_or_fail((|| {
+        let mut options = PostgresOptions::new(url);
+        if let Some(t) = table_name {
+            options.table_name = t;
+        }
+        options.create_table = create_table.unwrap_or(true);
+        if let Some(n) = at_least_one("poolSize", pool_size)? {
+            options.pool_size = n as usize;
+        }
+        if let Some(ms) = at_least_one("connectTimeout", connect_timeout)? {
+            options.connect_timeout_ms = ms;
+        }
+        options.tls_ca = tls_ca.map(String::into_bytes);
+        let backend = PostgresBackend::new(options)?;
+        Ok(register(Adapter::Postgres(Rc::new(LocalWakeups::new(
+            backend,
+        )))))
+    })())
+}
+
+/// Deletes expired rows; answers how many.
+#[napi(catch_unwind)]
+pub fn postgres_sweep(adapter_id: f64, op_id: f64) -> Raw {
+    let backend = match backend_of(adapter_id, "Postgres", |a| match a {
+        Adapter::Postgres(b) => Some(b.inner().clone()),
+        _ => None,
+    }) {
+        Ok(b) => b,
+        Err(failed) => return failed,
+    };
+    let op = backend.sweep_expired();
+    ops::run(op_id, async move { Ok(Answer::Number(op.await? as f64)) })
+}
+
+/// The migration statements for a lock table.
+#[napi(catch_unwind)]
+pub fn postgres_ddl(table_name: String) -> Raw {
+    match locks_ddl(&table_name) {
+        Ok(ddl) => Raw(crate::hub::string(&ddl)),
+        Err(e) => ops::fail(e),
+    }
+}
+
+/// A MongoDB adapter; checks its options now and connects on first use. `w`: the write
+/// concern's number of nodes, or undefined for majority.
+#[napi(catch_unwind)]
+pub fn create_mongo_adapter(
+    url: String,
+    db_name: Option<String>,
+    collection_name: Option<String>,
+    create_indexes: Option<bool>,
+    w: Option<f64>,
+    connect_timeout: Option<f64>,
+) -> Raw {
+    id_or_fail((|| {
+        let mut options = MongoOptions::new(url);
+        options.db_name = db_name;
+        if let Some(c) = collection_name {
+            options.collection_name = c;
+        }
+        options.create_indexes = create_indexes.unwrap_or(true);
+        options.write_concern_w = at_least_one("writeConcern.w", w)?.map(|n| n as u32);
+        if let Some(ms) = at_least_one("connectTimeout", connect_timeout)? {
+            options.connect_timeout_ms = ms;
+        }
+        let backend = MongoBackend::new(options)?;
+        Ok(register(Adapter::Mongo(Rc::new(LocalWakeups::new(
+            backend,
+        )))))
+    })())
+}
+
+/// Closes a network adapter's connections (Redis, PostgreSQL, MongoDB); operations
+/// afterwards fail. Other adapters have nothing to close.
+#[napi(catch_unwind)]
+pub fn close_adapter(adapter_id: f64) {
+    REG.with(|r| match r.borrow().adapters.get(&(adapter_id as u64)) {
+        Some(Adapter::Redis(b)) => b.inner().close(),
+        Some(Adapter::Postgres(b)) => b.inner().close(),
+        Some(Adapter::Mongo(b)) => b.inner().close(),
+        _ => {}
+    });
+}
+
+/// The lock collection's index specs, as JSON.
+#[napi(catch_unwind)]
+pub fn mongo_indexes() -> String {
+    locks_indexes_json()
+}
+
+/// Calls one method of a built-in adapter directly (`method` as in `host::ACQUIRE`…).
+#[napi(catch_unwind)]
+pub fn adapter_call(
+    adapter_id: f64,
+    method: f64,
+    key: Key,
+    token: Key,
+    ttl: f64,
+    op_id: f64,
+) -> Raw {
+    let checked = (|| Ok((adapter(adapter_id)?, key.get("key")?, token.get("token")?)))();
+    let (backend, key, token) = match checked {
+        Ok(c) => c,
+        Err(e) => return ops::fail(e),
+    };
+    let takes_ttl = method != host::RELEASE && method != host::IS_HELD;
+    if takes_ttl {
+        if let Err(e) = validate_ttl("ttl", ttl) {
+            return ops::fail(e);
+        }
+    }
+    let ttl = ttl as u32;
+    let boolean = |op: locco_core::Op<bool>| async move { op.await.map(Answer::Bool) };
+    match method {
+        m if m == host::ACQUIRE => ops::run(op_id, boolean(backend.acquire(&key, &token, ttl))),
+        m if m == host::RELEASE => ops::run(op_id, boolean(backend.release(&key, &token))),
+        m if m == host::EXTEND => ops::run(op_id, boolean(backend.extend(&key, &token, ttl))),
+        m if m == host::IS_HELD => ops::run(op_id, boolean(backend.is_held(&key, &token))),
+        _ => {
+            let op = backend.acquire_fenced(&key, &token, ttl);
+            ops::run(op_id, async move {
+                op.await
+                    .map(|f| f.map_or(Answer::Null, |n| Answer::Number(n as f64)))
+            })
+        }
+    }
+}
+
+/// Whether an adapter keeps coordination records (wait-for edges between processes).
+#[napi(catch_unwind)]
+pub fn supports_coordination(adapter_id: f64) -> bool {
+    adapter(adapter_id).is_ok_and(|b| b.coordination().is_some())
+}
+
+/// A coordination verb: 0 peek (the token under a live lock key), 1 put, 2 get, 3 delete.
+/// Answers a string or null (peek, get), or undefined.
+#[napi(catch_unwind)]
+pub fn coordinate(
+    adapter_id: f64,
+    verb: u32,
+    key: String,
+    value: String,
+    ttl: f64,
+    op_id: f64,
+) -> Raw {
+    let backend = match adapter(adapter_id) {
+        Ok(b) => b,
+        Err(e) => return ops::fail(e),
+    };
+    let Some(c) = backend.coordination() else {
+        return ops::fail(Error::validation(
+            "adapter",
+            "keeps no coordination records",
+        ));
+    };
+    let text = |op: locco_core::Op<Option<String>>| async move {
+        op.await.map(|v| v.map_or(Answer::Null, Answer::Text))
+    };
+    let unit = |op: locco_core::Op<()>| async move { op.await.map(|()| Answer::Undefined) };
+    match verb {
+        0 => ops::run(op_id, text(c.peek(&key))),
+        1 => match validate_ttl("ttl", ttl) {
+            Ok(()) => ops::run(op_id, unit(c.put(&key, &value, ttl as u32))),
+            Err(e) => ops::fail(e),
+        },
+        2 => ops::run(op_id, text(c.get(&key))),
+        _ => ops::run(op_id, unit(c.delete(&key))),
+    }
+}

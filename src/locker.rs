@@ -1,0 +1,265 @@
+//! Exports for Lockers: creating and closing one, acquiring (with its abort handles).
+
+use std::rc::Rc;
+
+use locco_core::{
+    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Error, Lock, LockState, Locker,
+    LockerOptions, RetryOverrides, Runtime,
+};
+use napi::bindgen_prelude::Either;
+use napi_derive::napi;
+
+use crate::executor::Spawner;
+use crate::host::{self, Hooks, JsClock};
+use crate::ops::{self, Answer, Raw};
+use crate::registry::*;
+use crate::retry::retry_layer;
+use crate::text::Key;
+
+/// Forgets a Locker whose object was collected. Its locks still alive keep what they need.
+#[napi(catch_unwind)]
+pub fn drop_locker(locker_id: f64) {
+    let gone = REG.with(|r| r.borrow_mut().lockers.remove(&(locker_id as u64)));
+    drop(gone);
+}
+
+/// Closes a Locker: it takes no more locks, and every lock it still holds is released (which
+/// also ends its heartbeat). Answers how many were released.
+#[napi(catch_unwind)]
+pub fn close_locker(locker_id: f64, op_id: f64) -> Raw {
+    let owner = locker_id as u64;
+    let (gone, held) = REG.with(|r| {
+        let mut r = r.borrow_mut();
+        let gone = r.lockers.remove(&owner);
+        let mut held: Vec<Lock> = r
+            .locks
+            .values()
+            .filter(|(o, l)| *o == owner && l.state() == LockState::Held)
+            .map(|(_, l)| l.clone())
+            .collect();
+        held.extend(
+            r.detached
+                .iter()
+                .filter(|(o, l)| *o == owner && l.state() == LockState::Held)
+                .map(|(_, l)| l.clone()),
+        );
+        (gone, held)
+    });
+    drop(gone);
+    ops::run(op_id, async move {
+        let mut released = 0.0;
+        let mut failure = None;
+        for lock in held {
+            match lock.release(true).await {
+                Ok(_) => released += 1.0,
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(Answer::Number(released)),
+        }
+    })
+}
+
+/// A Locker over adapter `adapter_id` (a built-in adapter's id, or with `js_fenced` the
+/// facade's id for an adapter written in JavaScript, and whether it has acquireFenced).
+/// `clock_id` and `custom_token` say whether the facade injects a clock or a token source;
+/// `events` whether anyone listens to events.
+#[napi(catch_unwind)]
+#[allow(clippy::too_many_arguments)]
+pub fn create_locker(
+    adapter_id: f64,
+    js_fenced: Option<bool>,
+    key_prefix: Key,
+    fencing: bool,
+    retries: Option<f64>,
+    delay_ms: Option<f64>,
+    delay_id: Option<f64>,
+    timeout: Option<f64>,
+    events: bool,
+    clock_id: Option<f64>,
+    custom_token: bool,
+) -> Raw {
+    let build = || -> Result<f64, Error> {
+        // First, so that a delay function it names is taken even if a later check fails.
+        let retry = retry_layer(retries, delay_ms, delay_id, timeout)?;
+        let backend = match js_fenced {
+            Some(fenced) => js_adapter(adapter_id, fenced) as Rc<dyn Backend>,
+            None => adapter(adapter_id)?,
+        };
+        let key_prefix = key_prefix.get("keyPrefix")?;
+        let id = next_id();
+        let hooks = Rc::new(Hooks {
+            locker_id: id,
+            events,
+        });
+        let mut rt = Runtime::system(Rc::new(Spawner));
+        if let Some(clock) = clock_id {
+            rt = rt.with_clock(Rc::new(JsClock { id: clock }));
+        }
+        let options = LockerOptions {
+            key_prefix,
+            fencing,
+            retry,
+            events: events.then(|| hooks.clone() as _),
+            loss: Some(hooks),
+            token: custom_token.then(|| Rc::new(move || host::js_token(id)) as _),
+        };
+        let locker = Locker::new(backend, rt, options)?;
+        REG.with(|r| r.borrow_mut().lockers.insert(id as u64, locker));
+        Ok(id)
+    };
+    id_or_fail(build())
+}
+
+/// Builds one acquisition's options from the call's fields over the Locker's policy.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn acquire_options(
+    locker: &Locker,
+    ttl: f64,
+    layer: &RetryOverrides,
+    auto_extend: bool,
+    interval: Option<f64>,
+    max_hold: Option<f64>,
+    max_lag: Option<f64>,
+) -> Result<AcquireOptions, Error> {
+    validate_ttl("ttl", ttl)?;
+    let retry = locker.retry().clone().merged(layer);
+    let mut options = AcquireOptions::new(ttl as u32).with_retry(retry);
+    if auto_extend {
+        let max_hold = max_hold.ok_or_else(|| {
+            Error::validation(
+                "autoExtend.maxHold",
+                "is required with autoExtend: a heartbeat needs a deadline",
+            )
+        })?;
+        options = options.with_auto_extend(AutoExtend {
+            interval,
+            max_hold,
+            max_event_loop_lag: max_lag,
+        });
+    }
+    options.validate()?;
+    Ok(options)
+}
+
+/// Acquires. `mode`: 0 acquire (retries), 1 tryAcquire (one attempt, null when held), 2
+/// acquireMany (`keys` is then an array). Answers a lock id, null, or the ids in key order.
+#[napi(catch_unwind)]
+#[allow(clippy::too_many_arguments)]
+pub fn acquire(
+    locker_id: f64,
+    mode: u32,
+    keys: Either<Key, Vec<Key>>,
+    ttl: f64,
+    retries: Option<f64>,
+    delay_ms: Option<f64>,
+    delay_id: Option<f64>,
+    timeout: Option<f64>,
+    auto_extend: bool,
+    interval: Option<f64>,
+    max_hold: Option<f64>,
+    max_lag: Option<f64>,
+    abort_id: Option<f64>,
+    op_id: f64,
+) -> Raw {
+    // The retry layer first, so that a delay function it names is taken even if a later
+    // check fails (the facade then hears that the engine let go of it).
+    let layer = retry_layer(retries, delay_ms, delay_id, timeout);
+    let prepared = layer
+        .and_then(|layer| Ok((layer, locker(locker_id)?)))
+        .and_then(|(layer, l)| {
+            let keys = match keys {
+                Either::A(k) => Either::A(k.get("key")?),
+                Either::B(ks) => Either::B(ks.into_iter().map(|k| k.get("key")).collect::<Result<
+                    Vec<_>,
+                    _,
+                >>(
+                )?),
+            };
+            let o = acquire_options(&l, ttl, &layer, auto_extend, interval, max_hold, max_lag)?;
+            Ok((l, keys, o))
+        });
+    let (locker, keys, options) = match prepared {
+        Ok(p) => p,
+        Err(e) => return ops::fail(e),
+    };
+    let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&(id as u64)).cloned()));
+    start_acquire(locker_id, locker, mode, keys, options, abort, op_id)
+}
+
+/// `acquire` with only a ttl: the Locker's retry policy, no heartbeat, no signal. The common
+/// call, kept to five arguments because each argument costs a conversion (see `fast`).
+pub fn acquire_ttl(locker_id: f64, mode: u32, key: String, ttl: f64, op_id: f64) -> Raw {
+    let prepared = locker(locker_id).and_then(|l| {
+        validate_ttl("ttl", ttl)?;
+        let options = AcquireOptions::new(ttl as u32).with_retry(l.retry().clone());
+        Ok((l, options))
+    });
+    match prepared {
+        Ok((locker, options)) => start_acquire(
+            locker_id,
+            locker,
+            mode,
+            Either::A(key),
+            options,
+            None,
+            op_id,
+        ),
+        Err(e) => ops::fail(e),
+    }
+}
+
+pub(crate) fn start_acquire(
+    locker_id: f64,
+    locker: Locker,
+    mode: u32,
+    keys: Either<String, Vec<String>>,
+    options: AcquireOptions,
+    abort: Option<Abort>,
+    op_id: f64,
+) -> Raw {
+    ops::run(op_id, async move {
+        match (mode, keys) {
+            (_, Either::B(keys)) => {
+                let locks = locker.acquire_many(&keys, options, abort).await?;
+                Ok(Answer::Numbers(
+                    locks.into_iter().map(|l| keep(locker_id, l)).collect(),
+                ))
+            }
+            (1, Either::A(key)) => {
+                let lock = locker.try_acquire(&key, options).await?;
+                Ok(lock.map_or(Answer::Null, |l| Answer::Number(keep(locker_id, l))))
+            }
+            (_, Either::A(key)) => {
+                let lock = locker.acquire(&key, options, abort).await?;
+                Ok(Answer::Number(keep(locker_id, lock)))
+            }
+        }
+    })
+}
+
+/// A fresh abort handle for one acquisition.
+#[napi(catch_unwind)]
+pub fn create_abort() -> f64 {
+    let id = next_id();
+    REG.with(|r| r.borrow_mut().aborts.insert(id as u64, Abort::new()));
+    id
+}
+
+/// Fires an abort handle (the caller's `AbortSignal` aborted).
+#[napi(catch_unwind)]
+pub fn abort(abort_id: f64) {
+    let a = REG.with(|r| r.borrow().aborts.get(&(abort_id as u64)).cloned());
+    if let Some(a) = a {
+        a.abort();
+    }
+    crate::executor::drain();
+}
+
+/// Forgets an abort handle once its acquisition is over.
+#[napi(catch_unwind)]
+pub fn drop_abort(abort_id: f64) {
+    REG.with(|r| r.borrow_mut().aborts.remove(&(abort_id as u64)));
+}
