@@ -59,42 +59,20 @@ export interface RunOperationOptions {
   onAbort?: (abort: (reason?: unknown) => void) => void;
 }
 
-/** A MutexManager; `Distributed` says whether it locks across processes (see the constructor). */
-export interface MutexManager<Distributed extends boolean = boolean> {
-  /**
-   * Runs `operation` under mutex `id`: FIFO per id, re-entrant within one async call chain.
-   * Resolves with what the operation returns; with `waitIfLocked: false`, resolves `undefined`
-   * without running it when the mutex is taken.
-   *
-   * @example
-   * ```ts
-   * const balance = await mutexes.runOperation('account:7', async ({ abortSignal }) => {
-   *   return applyPayment(7, { signal: abortSignal });
-   * }, { timeoutMs: 5_000 });
-   *
-   * const maybe = await mutexes.runOperation('account:7', () => 1, { waitIfLocked: false }); // number | undefined
-   * ```
-   */
-  runOperation<T>(
-    id: string,
-    operation: (ctx: MutexOperationContext<Distributed>) => T | Promise<T>,
-    options?: RunOperationOptions & { waitIfLocked?: true },
-  ): Promise<T>;
-  runOperation<T>(
-    id: string,
-    operation: (ctx: MutexOperationContext<Distributed>) => T | Promise<T>,
-    options?: RunOperationOptions,
-  ): Promise<T | undefined>;
-  createContext(): MutexRunContext;
-  getCurrentContext(): MutexRunContext | undefined;
-  isAsyncContextTrackingSupported(): boolean;
-  /** Closes what the manager made itself (the Redis connection of `redis` options). */
-  dispose(): Promise<void>;
-}
+/**
+ * Whether a manager made with options of type `O` locks across processes: `true` with an
+ * `adapter` or `redis` options, `false` with neither, `boolean` when the type cannot tell.
+ */
+export type IsDistributed<O> = O extends { adapter: LockAdapter } | { redis: { url?: string; urls?: string | string[] } }
+  ? true
+  : O extends { adapter?: undefined; redis?: undefined }
+    ? false
+    : boolean;
 
 /**
  * Serialises operations per id: in this process without options, across processes with an
- * adapter or `redis` options.
+ * adapter or `redis` options. The type parameter is the options' type, inferred from the
+ * constructor's argument: it tells the callbacks whether they get `assertLock`.
  *
  * @example
  * ```ts
@@ -112,12 +90,39 @@ export interface MutexManager<Distributed extends boolean = boolean> {
  * });
  * ```
  */
-export declare const MutexManager: {
-  new (options: DistributedMutexManagerOptions): MutexManager<true>;
-  new (options?: LocalMutexManagerOptions): MutexManager<false>;
-  new (options?: MutexManagerOptions): MutexManager<boolean>;
-  readonly prototype: MutexManager;
-};
+export declare class MutexManager<O extends MutexManagerOptions = MutexManagerOptions> {
+  /** Unknown option names are type errors (and ValidationErrors at runtime). */
+  constructor(options?: O & { [K in Exclude<keyof O, keyof MutexManagerOptions>]: never });
+  /**
+   * Runs `operation` under mutex `id`: FIFO per id, re-entrant within one async call chain.
+   * Resolves with what the operation returns; with `waitIfLocked: false`, resolves `undefined`
+   * without running it when the mutex is taken.
+   *
+   * @example
+   * ```ts
+   * const balance = await mutexes.runOperation('account:7', async ({ abortSignal }) => {
+   *   return applyPayment(7, { signal: abortSignal });
+   * }, { timeoutMs: 5_000 });
+   *
+   * const maybe = await mutexes.runOperation('account:7', () => 1, { waitIfLocked: false }); // number | undefined
+   * ```
+   */
+  runOperation<T>(
+    id: string,
+    operation: (ctx: MutexOperationContext<IsDistributed<O>>) => T | Promise<T>,
+    options?: RunOperationOptions & { waitIfLocked?: true },
+  ): Promise<T>;
+  runOperation<T>(
+    id: string,
+    operation: (ctx: MutexOperationContext<IsDistributed<O>>) => T | Promise<T>,
+    options?: RunOperationOptions,
+  ): Promise<T | undefined>;
+  createContext(): MutexRunContext;
+  getCurrentContext(): MutexRunContext | undefined;
+  isAsyncContextTrackingSupported(): boolean;
+  /** Closes what the manager made itself (the Redis connection of `redis` options). */
+  dispose(): Promise<void>;
+}
 
 export declare class MutexTimeoutError extends LoccoError {
   readonly code: 'MUTEX_TIMEOUT';

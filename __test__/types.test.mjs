@@ -56,7 +56,7 @@ it('the main declarations carry a JSDoc @example', async () => {
     'redis.d.ts': ['export declare class RedisAdapter'],
     'postgres.d.ts': ['export declare class PostgresAdapter'],
     'mongo.d.ts': ['export declare class MongoAdapter'],
-    'mutex.d.ts': ['export declare const MutexManager', 'runOperation<T>('],
+    'mutex.d.ts': ['export declare class MutexManager', 'runOperation<T>('],
     'testing.d.ts': ['export declare function runLockAdapterContract'],
   };
   for (const [file, declarations] of Object.entries(wanted)) {

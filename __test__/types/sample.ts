@@ -22,7 +22,13 @@ import { runLockAdapterContract } from 'locco-rs/testing';
 import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
 import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
 import { MongoAdapter, mongoLocksIndexes, type MongoIndexSpec } from 'locco-rs/mongo';
-import { MutexManager, MutexDeadlockError, MutexTimeoutError, type MutexOperationContext } from 'locco-rs/mutex';
+import {
+  MutexManager,
+  MutexDeadlockError,
+  MutexTimeoutError,
+  type DistributedMutexManagerOptions,
+  type MutexOperationContext,
+} from 'locco-rs/mutex';
 
 const adapter: LockAdapter = new InMemoryAdapter({ now: () => performance.now() });
 const delay: DelayFn = exponentialBackoff({ base: 50, max: 1000, factor: 2, jitter: true });
@@ -148,5 +154,20 @@ export async function localMutex(): Promise<void> {
   await shared.runOperation('id', (ctx) => ctx.assertLock());
   const anyManager: MutexManager = Math.random() > 0.5 ? local : shared;
   await anyManager.runOperation('id', (ctx) => ctx.assertLock?.());
+  const typed: MutexManager<DistributedMutexManagerOptions> = shared;
+  await typed.runOperation('id', (ctx) => ctx.assertLock());
+  // @ts-expect-error an unknown option name is refused
+  new MutexManager({ adapter: new InMemoryAdapter(), lockTtl: 1000 });
   await shared.dispose();
 }
+
+// A manager can be subclassed.
+export class AuditedMutexManager extends MutexManager {
+  readonly log: string[] = [];
+}
+export class SharedAuditedMutexManager extends MutexManager<DistributedMutexManagerOptions> {
+  run(id: string): Promise<void> {
+    return this.runOperation(id, ({ assertLock }) => assertLock());
+  }
+}
+new SharedAuditedMutexManager({ adapter: new InMemoryAdapter() });
