@@ -250,16 +250,11 @@ describe('the loader without a binary for this platform', { skip: !existsSync(jo
     }
   });
 
-  const usesLoader = readFileSync(join(root, 'lib', 'native.js'), 'utf8').includes("require('./load.js')");
-  it(
-    "require('locco-rs') fails with the loader's message",
-    { skip: !usesLoader && "lib/native.js does not load through lib/load.js yet (it requires '../binding.js' itself)" },
-    () => {
-      const e = loadFails('./index.js');
-      assert.equal(e.packageName, expectedPackage);
-      assert.ok(e.message.includes(triple), e.message);
-    },
-  );
+  it("require('locco-rs') fails with the loader's message", () => {
+    const e = loadFails('./index.js');
+    assert.equal(e.packageName, expectedPackage);
+    assert.ok(e.message.includes(triple), e.message);
+  });
 
   it('in the repository, lib/load.js answers the binding itself', () => {
     const r = spawnSync(process.execPath, ['-e', "const b = require('./lib/load.js'); console.log(typeof b.init, b === require('./binding.js'))"], {
