@@ -83,9 +83,9 @@ function delayId(fn) {
   return fn[NATIVE_DELAY] ?? registerDelay(fn);
 }
 
-/** Checks a RetryOptions layer and flattens it into the binding's arguments. */
-function retryArgs(field, retry) {
-  if (retry === undefined) return [undefined, undefined, undefined, undefined];
+/** Checks a RetryOptions layer and answers the binding's view of it (src/retry.rs RetrySpec). */
+function retrySpec(field, retry) {
+  if (retry === undefined) return undefined;
   if (!isObject(retry)) throw validation(field, 'must be an object { retries?, delay?, timeout? }');
   refuseUnknown(field, retry, RETRY_OPTIONS);
   const retries = optionalNumber(`${field}.retries`, retry.retries);
@@ -99,7 +99,7 @@ function retryArgs(field, retry) {
   } else if (delay !== undefined && !(delay >= 0)) {
     throw validation(`${field}.delay`, `must be >= 0, got ${delay}`);
   } else delayMs = delay;
-  return [retries, delayMs, delayFn, optionalNumber(`${field}.timeout`, retry.timeout)];
+  return { retries, delayMs, delayId: delayFn, timeout: optionalNumber(`${field}.timeout`, retry.timeout) };
 }
 
 function mergeRetry(...layers) {
@@ -335,21 +335,17 @@ class Locker {
     if (options.fencing !== undefined && typeof options.fencing !== 'boolean') {
       throw validation('fencing', 'must be a boolean');
     }
-    const [retries, delayMs, delayFn, timeout] = retryArgs('retry', options.retry);
     const id = answer(
-      native.createLocker(
-        adapter,
+      native.createLocker({
+        adapterId: adapter,
         jsFenced,
         keyPrefix,
-        options.fencing === true,
-        retries,
-        delayMs,
-        delayFn,
-        timeout,
-        onEvent !== undefined,
-        now ? registerClock(now) : undefined,
-        token !== undefined,
-      ),
+        fencing: options.fencing === true,
+        retry: retrySpec('retry', options.retry),
+        events: onEvent !== undefined,
+        clockId: now ? registerClock(now) : undefined,
+        customToken: token !== undefined,
+      }),
     );
     this._id = id;
     this._prefix = keyPrefix;
@@ -409,10 +405,12 @@ class Locker {
         if (r === PENDING) return wait(opId, (id) => (id === null ? null : this._lock(id, key, options)), 'acquire', this._prefix + key);
         r = answer(r, opId, undefined, 'acquire', this._prefix + key);
       } else {
-        const args = this._args(key, options, mode === 1);
+        if (typeof key !== 'string') throw validation('key', `must be a string, got ${typeof key}`);
+        const spec = this._spec(options, mode === 1);
         const start = (abortId) => {
           const opId = nextOpId();
-          return answer(native.acquire(this._id, mode, ...args, abortId, opId), opId, undefined, 'acquire', this._prefix + key);
+          spec.abortId = abortId;
+          return answer(native.acquire(this._id, mode, key, spec, opId), opId, undefined, 'acquire', this._prefix + key);
         };
         r = signal === undefined ? start(undefined) : this._withSignal(signal, start);
       }
@@ -467,8 +465,8 @@ class Locker {
     });
   }
 
-  _args(key, options, single) {
-    if (typeof key !== 'string') throw validation('key', `must be a string, got ${typeof key}`);
+  /** Checks one acquisition's options; answers the binding's view of them (src/locker.rs AcquireSpec). */
+  _spec(options, single) {
     if (!isObject(options)) throw validation('options', 'must be an object with a ttl');
     if (options.ttl === undefined) throw validation('ttl', 'is required (lease length in ms)');
     const ttl = optionalNumber('ttl', options.ttl);
@@ -476,22 +474,16 @@ class Locker {
       throw validation('options', 'tryAcquire makes one attempt: retry and signal do not apply');
     }
     refuseUnknown('', options, single ? TRY_ACQUIRE_OPTIONS : ACQUIRE_OPTIONS);
-    const [retries, delayMs, delayFn, timeout] = retryArgs('retry', options.retry);
+    const retry = retrySpec('retry', options.retry);
     const ax = options.autoExtend;
     if (ax !== undefined && !isObject(ax)) throw validation('autoExtend', 'must be an object { interval?, maxHold }');
     if (ax !== undefined) refuseUnknown('autoExtend', ax, AUTO_EXTEND_OPTIONS);
-    return [
-      key,
-      ttl,
-      retries,
-      delayMs,
-      delayFn,
-      timeout,
-      ax !== undefined,
-      ax && optionalNumber('autoExtend.interval', ax.interval),
-      ax && optionalNumber('autoExtend.maxHold', ax.maxHold),
-      ax && optionalNumber('autoExtend.maxEventLoopLag', ax.maxEventLoopLag),
-    ];
+    const autoExtend = ax && {
+      interval: optionalNumber('autoExtend.interval', ax.interval),
+      maxHold: optionalNumber('autoExtend.maxHold', ax.maxHold),
+      maxEventLoopLag: optionalNumber('autoExtend.maxEventLoopLag', ax.maxEventLoopLag),
+    };
+    return { ttl, retry, autoExtend, abortId: undefined };
   }
 
   _lock(id, key, options) {
@@ -541,10 +533,11 @@ class Locker {
         throw validation('keys', 'must be an array of strings');
       }
       const signal = options && options.signal;
-      const args = this._args(keys[0] ?? '', options, false).slice(1);
+      const spec = this._spec(options, false);
       const start = (abortId) => {
         const opId = nextOpId();
-        return answer(native.acquire(this._id, 2, keys, ...args, abortId, opId), opId);
+        spec.abortId = abortId;
+        return answer(native.acquire(this._id, 2, keys, spec, opId), opId);
       };
       const run = signal !== undefined ? this._withSignal(signal, start) : Promise.resolve().then(() => start(undefined));
       return run.then((ids) => new LockSet(ids.map((id) => this._lock(id, undefined, options))));

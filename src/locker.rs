@@ -13,7 +13,7 @@ use crate::executor::Spawner;
 use crate::host::{self, Hooks, JsClock};
 use crate::ops::{self, Answer, Raw};
 use crate::registry::*;
-use crate::retry::retry_layer;
+use crate::retry::{retry_layer, RetrySpec};
 use crate::text::Key;
 
 /// Forgets a Locker whose object was collected. Its locks still alive keep what they need.
@@ -62,28 +62,59 @@ pub fn close_locker(locker_id: f64, op_id: f64) -> Raw {
     })
 }
 
-/// A Locker over adapter `adapter_id` (a built-in adapter's id, or with `js_fenced` the
-/// facade's id for an adapter written in JavaScript, and whether it has acquireFenced).
-/// `clock_id` and `custom_token` say whether the facade injects a clock or a token source;
-/// `events` whether anyone listens to events.
+/// A new Locker, as the facade describes it.
+#[napi(object, object_to_js = false)]
+pub struct LockerSpec {
+    /// A built-in adapter's id, or with `js_fenced` the facade's id for an adapter written in
+    /// JavaScript.
+    pub adapter_id: f64,
+    /// For an adapter written in JavaScript: whether it has acquireFenced.
+    pub js_fenced: Option<bool>,
+    pub key_prefix: Key,
+    pub fencing: bool,
+    pub retry: Option<RetrySpec>,
+    /// Whether anyone listens to events.
+    pub events: bool,
+    /// The facade's id for an injected clock.
+    pub clock_id: Option<f64>,
+    /// Whether the facade injects a token source.
+    pub custom_token: bool,
+}
+
+/// Auto-extension options of one acquisition, in ms.
+#[napi(object, object_to_js = false)]
+pub struct AutoExtendSpec {
+    pub interval: Option<f64>,
+    pub max_hold: Option<f64>,
+    pub max_event_loop_lag: Option<f64>,
+}
+
+/// One acquisition's options, as the facade passes them.
+#[napi(object, object_to_js = false)]
+pub struct AcquireSpec {
+    pub ttl: f64,
+    pub retry: Option<RetrySpec>,
+    pub auto_extend: Option<AutoExtendSpec>,
+    /// An abort handle from `createAbort`.
+    pub abort_id: Option<f64>,
+}
+
+/// A Locker; answers its id.
 #[napi(catch_unwind)]
-#[allow(clippy::too_many_arguments)]
-pub fn create_locker(
-    adapter_id: f64,
-    js_fenced: Option<bool>,
-    key_prefix: Key,
-    fencing: bool,
-    retries: Option<f64>,
-    delay_ms: Option<f64>,
-    delay_id: Option<f64>,
-    timeout: Option<f64>,
-    events: bool,
-    clock_id: Option<f64>,
-    custom_token: bool,
-) -> Raw {
+pub fn create_locker(spec: LockerSpec) -> Raw {
+    let LockerSpec {
+        adapter_id,
+        js_fenced,
+        key_prefix,
+        fencing,
+        retry,
+        events,
+        clock_id,
+        custom_token,
+    } = spec;
     let build = || -> Result<f64, Error> {
         // First, so that a delay function it names is taken even if a later check fails.
-        let retry = retry_layer(retries, delay_ms, delay_id, timeout)?;
+        let retry = retry_layer(retry)?;
         let backend = match js_fenced {
             Some(fenced) => js_adapter(adapter_id, fenced) as Rc<dyn Backend>,
             None => adapter(adapter_id)?,
@@ -114,20 +145,21 @@ pub fn create_locker(
 }
 
 /// Builds one acquisition's options from the call's fields over the Locker's policy.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn acquire_options(
     locker: &Locker,
     ttl: f64,
     layer: &RetryOverrides,
-    auto_extend: bool,
-    interval: Option<f64>,
-    max_hold: Option<f64>,
-    max_lag: Option<f64>,
+    auto_extend: Option<AutoExtendSpec>,
 ) -> Result<AcquireOptions, Error> {
     validate_ttl("ttl", ttl)?;
     let retry = locker.retry().clone().merged(layer);
     let mut options = AcquireOptions::new(ttl as u32).with_retry(retry);
-    if auto_extend {
+    if let Some(AutoExtendSpec {
+        interval,
+        max_hold,
+        max_event_loop_lag,
+    }) = auto_extend
+    {
         let max_hold = max_hold.ok_or_else(|| {
             Error::validation(
                 "autoExtend.maxHold",
@@ -137,7 +169,7 @@ pub(crate) fn acquire_options(
         options = options.with_auto_extend(AutoExtend {
             interval,
             max_hold,
-            max_event_loop_lag: max_lag,
+            max_event_loop_lag,
         });
     }
     options.validate()?;
@@ -147,26 +179,22 @@ pub(crate) fn acquire_options(
 /// Acquires. `mode`: 0 acquire (retries), 1 tryAcquire (one attempt, null when held), 2
 /// acquireMany (`keys` is then an array). Answers a lock id, null, or the ids in key order.
 #[napi(catch_unwind)]
-#[allow(clippy::too_many_arguments)]
 pub fn acquire(
     locker_id: f64,
     mode: u32,
     keys: Either<Key, Vec<Key>>,
-    ttl: f64,
-    retries: Option<f64>,
-    delay_ms: Option<f64>,
-    delay_id: Option<f64>,
-    timeout: Option<f64>,
-    auto_extend: bool,
-    interval: Option<f64>,
-    max_hold: Option<f64>,
-    max_lag: Option<f64>,
-    abort_id: Option<f64>,
+    spec: AcquireSpec,
     op_id: f64,
 ) -> Raw {
+    let AcquireSpec {
+        ttl,
+        retry,
+        auto_extend,
+        abort_id,
+    } = spec;
     // The retry layer first, so that a delay function it names is taken even if a later
     // check fails (the facade then hears that the engine let go of it).
-    let layer = retry_layer(retries, delay_ms, delay_id, timeout);
+    let layer = retry_layer(retry);
     let prepared = layer
         .and_then(|layer| Ok((layer, locker(locker_id)?)))
         .and_then(|(layer, l)| {
@@ -178,7 +206,7 @@ pub fn acquire(
                 >>(
                 )?),
             };
-            let o = acquire_options(&l, ttl, &layer, auto_extend, interval, max_hold, max_lag)?;
+            let o = acquire_options(&l, ttl, &layer, auto_extend)?;
             Ok((l, keys, o))
         });
     let (locker, keys, options) = match prepared {

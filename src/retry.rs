@@ -47,12 +47,31 @@ pub fn create_delay_fn() -> f64 {
     id
 }
 
-pub(crate) fn retry_layer(
-    retries: Option<f64>,
-    delay_ms: Option<f64>,
-    delay_id: Option<f64>,
-    timeout: Option<f64>,
-) -> Result<RetryOverrides, Error> {
+/// One layer of retry options, as the facade passes it: each field unset keeps the layer
+/// below (the Locker's, then the built-in defaults).
+#[napi(object, object_to_js = false)]
+pub struct RetrySpec {
+    /// Attempts after the first; `Infinity` for no limit.
+    pub retries: Option<f64>,
+    /// A fixed wait between attempts, in ms.
+    pub delay_ms: Option<f64>,
+    /// Or a delay function: a native backoff's id or one from `createDelayFn`.
+    pub delay_id: Option<f64>,
+    /// The whole acquisition's budget, in ms; `Infinity` for none.
+    pub timeout: Option<f64>,
+}
+
+/// The engine's view of a retry layer (absent: nothing overridden), checked.
+pub(crate) fn retry_layer(spec: Option<RetrySpec>) -> Result<RetryOverrides, Error> {
+    let Some(RetrySpec {
+        retries,
+        delay_ms,
+        delay_id,
+        timeout,
+    }) = spec
+    else {
+        return Ok(RetryOverrides::default());
+    };
     let retries = match retries {
         None => None,
         Some(r) if r == f64::INFINITY => Some(None),
