@@ -31,7 +31,7 @@ class MongoAdapter extends NativeAdapter {
     const { w = 'majority' } = writeConcern;
     if (w !== 'majority' && typeof w !== 'number') throw validation('writeConcern.w', "must be 'majority' or a number");
     const id = answer(
-      native.createMongoAdapter(url, dbName, collectionName, createIndexes, w === 'majority' ? undefined : w, connectTimeout),
+      native.createMongoAdapter({ url, dbName, collectionName, createIndexes, w: w === 'majority' ? undefined : w, connectTimeout }),
     );
     bindNative(this, id);
   }

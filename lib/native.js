@@ -165,6 +165,10 @@ const hub = {
     return lockers.get(lockerId).token();
   },
   makeError,
+  // process.emitWarning only queues the warning: nothing of the user's runs here.
+  warn(code, text) {
+    process.emitWarning(text, { code });
+  },
   forgetError(id) {
     foreign.delete(id);
   },

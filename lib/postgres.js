@@ -30,7 +30,7 @@ class PostgresAdapter extends NativeAdapter {
       if (v !== undefined && typeof v !== 'number') throw validation(field, 'must be a number');
     }
     const ca = tls && tls.ca !== undefined ? String(tls.ca) : undefined;
-    const id = answer(native.createPostgresAdapter(url, tableName, createTable, poolSize, connectTimeout, ca));
+    const id = answer(native.createPostgresAdapter({ url, tableName, createTable, poolSize, connectTimeout, tlsCa: ca }));
     bindNative(this, id);
   }
 

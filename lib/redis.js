@@ -50,28 +50,25 @@ class RedisAdapter extends NativeAdapter {
     if (tls !== undefined) refuseUnknown('tls', tls, ['ca']);
     const ca = tls && tls.ca !== undefined ? String(tls.ca) : undefined;
     const id = answer(
-      native.createRedisAdapter(
-        list,
+      native.createRedisAdapter({
+        urls: list,
         cluster,
-        optionalMs('connectTimeout', options.connectTimeout),
-        optionalMs('commandTimeout', options.commandTimeout),
-        waitForReplicas && optionalMs('waitForReplicas.replicas', waitForReplicas.replicas),
-        waitForReplicas && optionalMs('waitForReplicas.timeout', waitForReplicas.timeout),
-        ca,
-      ),
+        connectTimeout: optionalMs('connectTimeout', options.connectTimeout),
+        commandTimeout: optionalMs('commandTimeout', options.commandTimeout),
+        waitForReplicas: waitForReplicas && {
+          replicas: optionalMs('waitForReplicas.replicas', waitForReplicas.replicas),
+          timeout: optionalMs('waitForReplicas.timeout', waitForReplicas.timeout),
+        },
+        tlsCa: ca,
+      }),
     );
     bindNative(this, id);
-    // Connects now, ahead of any operation: the engine answers this first, and the warning is
-    // emitted as that answer lands (in `answer`'s map, not a later turn), so it comes before
-    // any grant over the connection.
-    const warn = (warning) => {
-      if (warning) process.emitWarning(warning, { code: 'LOCCO_REDIS_EVICTION' });
-    };
+    // Connects now rather than on first use. A maxmemory-policy warning found at connect is
+    // emitted by the engine before any answer over the connection (so before the first grant).
     const opId = nextOpId();
     try {
-      const r = answer(native.redisConnect(id, opId), opId, warn);
+      const r = answer(native.redisConnect(id, opId), opId);
       if (r instanceof Promise) r.catch(() => {}); // a failed connect is reported by the operations that need it
-      else warn(r);
     } catch {
       // Likewise.
     }

@@ -56,35 +56,56 @@ pub fn memory_clear(adapter_id: f64) {
     crate::executor::drain();
 }
 
+/// A Redis adapter, as the facade describes it (times in ms; unset: the engine's defaults).
+#[napi(object, object_to_js = false)]
+pub struct RedisSpec {
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    pub connect_timeout: Option<f64>,
+    pub command_timeout: Option<f64>,
+    pub wait_for_replicas: Option<ReplicasSpec>,
+    /// PEM certificates to trust for rediss://.
+    pub tls_ca: Option<String>,
+}
+
+#[napi(object, object_to_js = false)]
+pub struct ReplicasSpec {
+    pub replicas: Option<f64>,
+    pub timeout: Option<f64>,
+}
+
 /// A Redis adapter; checks its options now and connects on first use (or `redisConnect`).
 #[napi(catch_unwind)]
-#[allow(clippy::too_many_arguments)]
-pub fn create_redis_adapter(
-    urls: Vec<String>,
-    cluster: bool,
-    connect_timeout: Option<f64>,
-    command_timeout: Option<f64>,
-    replicas: Option<f64>,
-    replicas_timeout: Option<f64>,
-    tls_ca: Option<String>,
-) -> Raw {
+pub fn create_redis_adapter(spec: RedisSpec) -> Raw {
     id_or_fail((|| {
         let mut options = RedisOptions::new(String::new());
-        options.urls = urls;
-        options.cluster = cluster;
-        options.connect_timeout_ms =
-            at_least_one("connectTimeout", connect_timeout)?.unwrap_or(5000);
-        options.command_timeout_ms =
-            at_least_one("commandTimeout", command_timeout)?.unwrap_or(5000);
-        options.tls_ca = tls_ca.map(String::into_bytes);
-        if let Some(r) = at_least_one("waitForReplicas.replicas", replicas)? {
+        options.urls = spec.urls;
+        options.cluster = spec.cluster;
+        if let Some(ms) = at_least_one("connectTimeout", spec.connect_timeout)? {
+            options.connect_timeout_ms = ms;
+        }
+        if let Some(ms) = at_least_one("commandTimeout", spec.command_timeout)? {
+            options.command_timeout_ms = ms;
+        }
+        options.tls_ca = spec.tls_ca.map(String::into_bytes);
+        if let Some(w) = spec.wait_for_replicas {
+            let replicas =
+                at_least_one("waitForReplicas.replicas", w.replicas)?.ok_or_else(|| {
+                    Error::validation(
+                        "waitForReplicas.replicas",
+                        "is required: how many replicas must acknowledge",
+                    )
+                })?;
             options.wait_for_replicas = Some(WaitForReplicas {
-                replicas: r as u32,
-                timeout_ms: at_least_one("waitForReplicas.timeout", replicas_timeout)?.unwrap_or(0),
+                replicas: replicas as u32,
+                timeout_ms: at_least_one("waitForReplicas.timeout", w.timeout)?.unwrap_or(0),
             });
         }
-        #[cfg_attr(not(unix), allow(unused_mut))]
         let mut backend = RedisBackend::new(options)?;
+        backend.on_warning(Rc::new(|text: String| {
+            let code = crate::hub::string("LOCCO_REDIS_EVICTION");
+            let _ = crate::hub::call(crate::hub::Fn_::Warn, &[code, crate::hub::string(&text)]);
+        }));
         #[cfg(unix)]
         let event_loop = crate::uv_loop::UvLoop::current()
             .map_err(|e| Error::Internal(format!("the Redis adapter: {e}")))?;
@@ -127,29 +148,35 @@ pub fn redis_connect(adapter_id: f64, op_id: f64) -> Raw {
     })
 }
 
+/// A PostgreSQL adapter, as the facade describes it (unset: the engine's defaults).
+#[napi(object, object_to_js = false)]
+pub struct PostgresSpec {
+    pub url: String,
+    pub table_name: Option<String>,
+    pub create_table: Option<bool>,
+    pub pool_size: Option<f64>,
+    pub connect_timeout: Option<f64>,
+    pub tls_ca: Option<String>,
+}
+
 /// A PostgreSQL adapter; checks its options now and connects on first use.
 #[napi(catch_unwind)]
-pub fn create_postgres_adapter(
-    url: String,
-    table_name: Option<String>,
-    create_table: Option<bool>,
-    pool_size: Option<f64>,
-    connect_timeout: Option<f64>,
-    tls_ca: Option<String>,
-) -> Raw {
+pub fn create_postgres_adapter(spec: PostgresSpec) -> Raw {
     id_or_fail((|| {
-        let mut options = PostgresOptions::new(url);
-        if let Some(t) = table_name {
+        let mut options = PostgresOptions::new(spec.url);
+        if let Some(t) = spec.table_name {
             options.table_name = t;
         }
-        options.create_table = create_table.unwrap_or(true);
-        if let Some(n) = at_least_one("poolSize", pool_size)? {
+        if let Some(c) = spec.create_table {
+            options.create_table = c;
+        }
+        if let Some(n) = at_least_one("poolSize", spec.pool_size)? {
             options.pool_size = n as usize;
         }
-        if let Some(ms) = at_least_one("connectTimeout", connect_timeout)? {
+        if let Some(ms) = at_least_one("connectTimeout", spec.connect_timeout)? {
             options.connect_timeout_ms = ms;
         }
-        options.tls_ca = tls_ca.map(String::into_bytes);
+        options.tls_ca = spec.tls_ca.map(String::into_bytes);
         let backend = PostgresBackend::new(options)?;
         Ok(register(Adapter::Postgres(Rc::new(LocalWakeups::new(
             backend,
@@ -180,26 +207,32 @@ pub fn postgres_ddl(table_name: String) -> Raw {
     }
 }
 
-/// A MongoDB adapter; checks its options now and connects on first use. `w`: the write
-/// concern's number of nodes, or undefined for majority.
+/// A MongoDB adapter, as the facade describes it (unset: the engine's defaults). `w`: the
+/// write concern's number of nodes; unset for majority.
+#[napi(object, object_to_js = false)]
+pub struct MongoSpec {
+    pub url: String,
+    pub db_name: Option<String>,
+    pub collection_name: Option<String>,
+    pub create_indexes: Option<bool>,
+    pub w: Option<f64>,
+    pub connect_timeout: Option<f64>,
+}
+
+/// A MongoDB adapter; checks its options now and connects on first use.
 #[napi(catch_unwind)]
-pub fn create_mongo_adapter(
-    url: String,
-    db_name: Option<String>,
-    collection_name: Option<String>,
-    create_indexes: Option<bool>,
-    w: Option<f64>,
-    connect_timeout: Option<f64>,
-) -> Raw {
+pub fn create_mongo_adapter(spec: MongoSpec) -> Raw {
     id_or_fail((|| {
-        let mut options = MongoOptions::new(url);
-        options.db_name = db_name;
-        if let Some(c) = collection_name {
+        let mut options = MongoOptions::new(spec.url);
+        options.db_name = spec.db_name;
+        if let Some(c) = spec.collection_name {
             options.collection_name = c;
         }
-        options.create_indexes = create_indexes.unwrap_or(true);
-        options.write_concern_w = at_least_one("writeConcern.w", w)?.map(|n| n as u32);
-        if let Some(ms) = at_least_one("connectTimeout", connect_timeout)? {
+        if let Some(c) = spec.create_indexes {
+            options.create_indexes = c;
+        }
+        options.write_concern_w = at_least_one("writeConcern.w", spec.w)?.map(|n| n as u32);
+        if let Some(ms) = at_least_one("connectTimeout", spec.connect_timeout)? {
             options.connect_timeout_ms = ms;
         }
         let backend = MongoBackend::new(options)?;

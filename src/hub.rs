@@ -29,9 +29,11 @@ pub enum Fn_ {
     MakeError,
     /// `forgetError(id)`: a host error Rust no longer refers to.
     ForgetError,
+    /// `warn(code, text)`: a warning for the process (emitted on the next tick).
+    Warn,
 }
 
-const COUNT: usize = 9;
+const COUNT: usize = 10;
 
 /// The ids a facade makes (operations, clocks, thrown values) start at `realm * REALM_SPAN`,
 /// so that two loads of the facade in one environment (a cleared require cache, a test

@@ -44,6 +44,7 @@ pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unkno
         "token",
         "makeError",
         "forgetError",
+        "warn",
     ];
     let mut fns = Vec::with_capacity(names.len());
     for name in names {

@@ -169,6 +169,10 @@ struct Inner {
     /// nobody else's commands.
     replicated: Mutex<Vec<MultiplexedConnection>>,
     warning: Mutex<Option<String>>,
+    /// Set once a connection's eviction check has answered (or was refused), and once its
+    /// warning went to the sink.
+    eviction_checked: std::sync::atomic::AtomicBool,
+    warned: std::sync::atomic::AtomicBool,
     /// Failed connection attempts so far, and the last one's failure: an operation that
     /// waited while an attempt failed takes that failure (see `conn`).
     connect_failures: std::sync::atomic::AtomicU64,
@@ -179,6 +183,8 @@ struct Inner {
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
+    /// Where a warning found at connect goes (see `on_warning`).
+    warn: Option<std::rc::Rc<dyn Fn(String)>>,
     /// The connection on the engine's thread, when the host's event loop drives it.
     #[cfg(unix)]
     link: Option<std::rc::Rc<crate::backend::redis::event_loop_link::Link>>,
@@ -283,12 +289,22 @@ impl RedisBackend {
                 closed: Default::default(),
                 replicated: Mutex::default(),
                 warning: Mutex::default(),
+                eviction_checked: Default::default(),
+                warned: Default::default(),
                 connect_failures: Default::default(),
                 connect_failed: Mutex::default(),
             }),
+            warn: None,
             #[cfg(unix)]
             link: None,
         })
+    }
+
+    /// Sends a warning found at connect (an eviction policy that can drop lock keys) to
+    /// `sink`, on this thread, before any answer that used the connection is returned: so the
+    /// host hears of it before its first grant.
+    pub fn on_warning(&mut self, sink: std::rc::Rc<dyn Fn(String)>) {
+        self.warn = Some(sink);
     }
 
     /// Does the I/O of a plain-TCP standalone server on the engine's thread, driven by
@@ -314,7 +330,12 @@ impl RedisBackend {
     /// Connects now rather than on first use. Answers a warning found at connect (an
     /// eviction policy that can drop lock keys), once.
     pub fn connect(&self) -> Op<Option<String>> {
-        self.with_conn(|inner, _| async move {
+        // With a sink, the warning goes there (see `on_warning`), not in this answer.
+        let to_sink = self.warn.is_some();
+        self.with_conn(move |inner, _| async move {
+            if to_sink {
+                return Ok(None);
+            }
             Ok(inner.warning.lock().ok().and_then(|mut w| w.take()))
         })
     }
@@ -350,22 +371,40 @@ impl RedisBackend {
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
         let inner = self.inner.clone();
+        let warn = self.warn.clone();
         #[cfg(unix)]
         if let Some(link) = self.link.clone() {
             return Op::pending(async move {
                 inner.check_open().map_err(Failure::into_error)?;
                 let lent = link.lend().await?;
                 let mut conn = Conn::Local(lent.conn.clone());
-                if lent.first_use() {
+                // Every operation checks until one check has answered, not only the first user
+                // of a connection: an operation must not answer before the warning is known.
+                let unchecked = !inner
+                    .eviction_checked
+                    .load(std::sync::atomic::Ordering::Acquire);
+                if lent.first_use() || unchecked {
                     inner.check_eviction(&mut conn).await;
                 }
-                let answer = work(inner, conn).await;
+                let answer = work(inner.clone(), conn).await;
+                inner.deliver_warning(warn.as_deref());
                 answer.map_err(|f| link.failed(&lent, f).into_error())
             });
         }
-        io::run("redis", move |_| async move {
-            let conn = inner.conn().await?;
-            work(inner, conn).await
+        let op = io::run("redis", {
+            let inner = inner.clone();
+            move |_| async move {
+                let conn = inner.conn().await?;
+                work(inner, conn).await
+            }
+        });
+        if warn.is_none() {
+            return op;
+        }
+        Op::pending(async move {
+            let answer = op.await;
+            inner.deliver_warning(warn.as_deref());
+            answer
         })
     }
 }
@@ -420,6 +459,17 @@ impl Inner {
         Ok(conn)
     }
 
+    /// Hands a warning found at connect to `sink`, once for the adapter's life (several
+    /// operations may each have found it while the first check was in flight).
+    fn deliver_warning(&self, sink: Option<&dyn Fn(String)>) {
+        let Some(sink) = sink else { return };
+        if let Some(text) = self.warning.lock().ok().and_then(|mut w| w.take()) {
+            if !self.warned.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                sink(text);
+            }
+        }
+    }
+
     /// Warns once when the server may evict lock keys under memory pressure. A CONFIG GET that
     /// ACLs deny is ignored.
     async fn check_eviction(&self, conn: &mut Conn) {
@@ -437,6 +487,8 @@ impl Inner {
                 }
             }
         }
+        self.eviction_checked
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     fn check_open(&self) -> Result<(), Failure> {
