@@ -174,3 +174,19 @@ describe('connection URLs', () => {
     }
   });
 });
+
+describe('stack traces', () => {
+  it("a rejection that comes later keeps the caller's async frames", async () => {
+    const adapter = new InMemoryAdapter();
+    const locker = new Locker({ adapter, retry: { retries: 1, delay: 5 } });
+    const held = await locker.acquire('busy', { ttl: 10_000 });
+    async function chargeTheCustomerUnderLock() {
+      await locker.acquire('busy', { ttl: 1000 });
+    }
+    const err = await chargeTheCustomerUnderLock().catch((e) => e);
+    assert.equal(err.code, 'LOCK_HELD', String(err));
+    assert.match(err.stack, /at async chargeTheCustomerUnderLock/);
+    assert.match(err.stack, /^LockHeldError: lock "busy"/);
+    await held.release();
+  });
+});

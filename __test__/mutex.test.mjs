@@ -154,6 +154,26 @@ describe('MutexManager leases', () => {
     assert.equal(seen.thrown.code, 'MUTEX_LOCK_EXTENSION');
   });
 
+  it('a re-entered mutex gets assertLock and the abort signal of the outer lease', async () => {
+    const m = new MutexManager({ adapter: new InMemoryAdapter(), lockTTL: 150, lockExtendInterval: 0 });
+    const seen = await m.runOperation('outer', async () =>
+      m.runOperation('outer', async ({ assertLock, abortSignal }) => {
+        assert.equal(typeof assertLock, 'function', 'a nested call has assertLock too');
+        assertLock();
+        await sleep(400);
+        let thrown;
+        try {
+          assertLock();
+        } catch (e) {
+          thrown = e;
+        }
+        return { aborted: abortSignal.aborted, thrown };
+      }),
+    );
+    assert.ok(seen.thrown instanceof LockExtensionError, String(seen.thrown));
+    assert.equal(seen.aborted, true);
+  });
+
   it('renews the lease while the work runs', async () => {
     const m = new MutexManager({ adapter: new InMemoryAdapter(), lockTTL: 150, lockExtendInterval: 50 });
     const ok = await m.runOperation('renewed', async ({ assertLock }) => {

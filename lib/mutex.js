@@ -71,6 +71,8 @@ class MutexRunContext {
     /** Tokens of the distributed locks the chain holds, by mutex id: its ownership generation. */
     /** @type {Map<string, string>} */
     this.tokens = new Map();
+    /** The distributed locks themselves, by mutex id: a re-entry asserts the outer one. */
+    this.locks = new Map();
   }
 }
 
@@ -205,7 +207,7 @@ class MutexManager {
       // Re-entry: the chain already owns the mutex.
       context.held.set(id, context.held.get(id) + 1);
       try {
-        return await this._invoke(id, operation, context, requestTime, undefined);
+        return await this._invoke(id, operation, context, requestTime, undefined, context.locks.get(id));
       } finally {
         context.held.set(id, context.held.get(id) - 1);
       }
@@ -228,6 +230,7 @@ class MutexManager {
         lock = await this._distributed(id, context, { waitIfLocked, timeoutMs, signal, requestTime });
         if (lock === null) return undefined;
         context.tokens.set(id, lock.token);
+        context.locks.set(id, lock);
       }
       const onOuterAbort = () => abort.abort(signal.reason);
       signal?.addEventListener('abort', onOuterAbort, { once: true });
@@ -239,6 +242,7 @@ class MutexManager {
     } finally {
       context.held.delete(id);
       context.tokens.delete(id);
+      context.locks.delete(id);
       if (lock) await lock[Symbol.asyncDispose]().catch(() => {});
       this._release(id, mutex);
     }

@@ -106,6 +106,28 @@ let keepAlive;
  * given, are named on a BackendError it fails with.
  */
 function wait(opId, map, operation, key) {
+  return withCallerFrames(settlement(opId, map, operation, key));
+}
+
+/**
+ * Awaits `promise` in an async function, so that an error it rejects with carries the async
+ * frames of the code awaiting this one: an error made when the engine answers (in a libuv
+ * callback) has none of the caller's frames otherwise.
+ */
+async function withCallerFrames(promise) {
+  try {
+    return await promise;
+  } catch (error) {
+    if (error instanceof Error) {
+      const here = {};
+      Error.captureStackTrace(here, withCallerFrames);
+      error.stack = `${error.name}: ${error.message}${here.stack.slice(here.stack.indexOf('\n'))}`;
+    }
+    throw error;
+  }
+}
+
+function settlement(opId, map, operation, key) {
   return new Promise((resolve, reject) => {
     waiting.set(opId, { resolve, reject, map, operation, key });
     const settled = early.get(opId);
