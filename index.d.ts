@@ -230,6 +230,17 @@ export declare class Locker {
    * ```
    */
   acquireMany(keys: readonly string[], options: AcquireOptions): Promise<LockSet>;
+  /**
+   * Releases every lock this Locker still holds (their heartbeats end with them) and frees it.
+   * Acquisitions afterwards reject with LockStateError. Calling it again is harmless.
+   *
+   * @example
+   * ```ts
+   * await using locker = new Locker({ adapter }); // closed when the block ends
+   * ```
+   */
+  close(): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
 }
 
 export interface ExponentialBackoffOptions {
@@ -277,6 +288,10 @@ export declare class BackendError extends LoccoError {
   readonly backend: string;
   readonly kind: 'io' | 'timeout' | 'auth' | 'tls' | 'protocol' | 'script' | 'config' | 'other';
   readonly serverCode?: string;
+  /** What was being done, when a lock operation failed. */
+  readonly operation?: 'acquire' | 'release' | 'extend' | 'isHeld';
+  /** The key (prefix included) it was done to. */
+  readonly key?: string;
 }
 export declare class RedisReplicationError extends LoccoError {
   readonly code: 'LOCK_REDIS_REPLICATION';
