@@ -254,17 +254,24 @@ check_binary() {
   [ "$bytes" -lt "$MAX_BYTES" ] || { echo "over the size limit"; return 1; }
 }
 
-# Copies the built binaries into npm/<platform> (napi artifacts) and packs each of those
-# packages into target/cross/packs (dry run of what the release publishes).
+# Copies the built binaries into npm/<platform> with napi artifacts, checks the packages as the
+# release's prepublishOnly would (napi prepublish --dry-run) and packs each into
+# target/cross/packs. All of it happens in target/cross/tree: napi artifacts also writes every
+# binary beside package.json, which in the work tree would replace a developer's debug build.
 artifacts_and_pack() {
   local dir="$CROSS/artifacts"
-  rm -rf "$dir" && mkdir -p "$dir" "$CROSS/packs"
+  rm -rf "$dir" "$CROSS/packs" && mkdir -p "$dir" "$CROSS/packs"
   for t in "${TARGETS[@]}"; do cp "$OUT/$t/"*.node "$dir/" || return 1; done
-  node_modules/.bin/napi artifacts --output-dir "$dir" --npm-dir npm || return 1
+  # napi's config with only the targets built here (package.json lists macOS and Windows too).
+  local cfg="$CROSS/napi-built-targets.json" list
+  list="$(printf '"%s",' "${TARGETS[@]}")"
+  printf '{ "binaryName": "locco-rs", "targets": [%s] }\n' "${list%,}" >"$cfg"
+  (cd "$TREE" && node_modules/.bin/napi artifacts --config-path "$cfg" --output-dir "$dir" --npm-dir npm) || return 1
+  (cd "$TREE" && node_modules/.bin/napi prepublish -t npm --dry-run --config-path "$cfg" --npm-dir npm) || return 1
   for t in "${TARGETS[@]}"; do
     local p
     p="$(platform_of "$t")"
-    (cd "npm/$p" && npm pack --silent --pack-destination "$CROSS/packs") || return 1
+    (cd "$TREE/npm/$p" && npm pack --silent --pack-destination "$CROSS/packs") || return 1
     tar -tzf "$CROSS/packs/locco-rs-$p-"*.tgz | tee /dev/stderr | grep -qx "package/locco-rs.$p.node" ||
       { echo "npm/$p packs without its binary"; return 1; }
   done
@@ -303,6 +310,12 @@ run_node() {
   [ -x "$node" ] || { echo "no Node for $t at $node"; return 1; }
   case "$t" in
     aarch64-*) (cd "$TREE" && QEMU_LD_PREFIX=/usr/aarch64-linux-gnu timeout 3600 "$node" "$@") ;;
+    # napi's loader takes a host whose /usr/bin/ldd is glibc's for a glibc one: in a mount
+    # namespace of its own, the musl Node sees an ldd that says musl (the host is untouched).
+    *-musl)
+      echo "musl libc: an ldd stand-in for napi's musl detection (scripts/release-check.sh)" >"$TOOLS/ldd-musl"
+      (cd "$TREE" && timeout 3600 unshare -m sh -c 'mount --bind "$0" /usr/bin/ldd && exec "$@"' "$TOOLS/ldd-musl" "$node" "$@")
+      ;;
     *) (cd "$TREE" && timeout 3600 "$node" "$@") ;;
   esac
 }
