@@ -5,7 +5,7 @@ const {
   fast,
   endValues,
   answer,
-  wait,
+  waitHot,
   nextOpId,
   registerClock,
   registerDelay,
@@ -221,7 +221,7 @@ class Lock {
     try {
       const opId = nextOpId();
       const after = (deleted) => this._afterRelease(deleted);
-      const r = answer(fast.release(this._id, final, opId), opId, after, 'release', this._key);
+      const r = answer(fast.release(this._id, final, opId), opId, after, 'release', this._key, true);
       return typeof r === 'boolean' ? Promise.resolve(this._afterRelease(r)) : r;
     } catch (error) {
       return Promise.reject(error);
@@ -402,7 +402,7 @@ class Locker {
       if (isTtlOnly(key, options)) {
         const opId = nextOpId();
         r = fast.acquireTtl(this._id, mode, key, options.ttl, opId);
-        if (r === PENDING) return wait(opId, (id) => (id === null ? null : this._lock(id, key, options)), 'acquire', this._prefix + key);
+        if (r === PENDING) return waitHot(opId, (id) => (id === null ? null : this._lock(id, key, options)), 'acquire', this._prefix + key);
         r = answer(r, opId, undefined, 'acquire', this._prefix + key);
       } else {
         if (typeof key !== 'string') throw validation('key', `must be a string, got ${typeof key}`);
