@@ -5,10 +5,9 @@
 // Under `cargo test` the napi exports are compiled out, which leaves their helpers unused.
 #![cfg_attr(test, allow(dead_code, unused_imports))]
 
-// Every lock operation allocates its future; glibc's allocator was a tenth of the JavaScript
-// thread's time in the benchmarks, mimalloc a fraction of that.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The system allocator: mimalloc v3 segfaults on a worker thread's first allocation when the
+// library is loaded with dlopen (as Node loads addons), and v2 made the contended in-memory
+// benchmark about a tenth slower than the system allocator here.
 
 mod adapters;
 mod executor;
