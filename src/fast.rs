@@ -90,22 +90,31 @@ unsafe fn args<const N: usize>(
     env: sys::napi_env,
     info: sys::napi_callback_info,
 ) -> [sys::napi_value; N] {
+    args_and_data(env, info).0
+}
+
+/// Up to `N` arguments (missing ones `undefined`) and the function's callback data.
+unsafe fn args_and_data<const N: usize>(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> ([sys::napi_value; N], *mut std::ffi::c_void) {
     let mut argv = [ptr::null_mut(); N];
     let mut argc = N;
+    let mut data = ptr::null_mut();
     sys::napi_get_cb_info(
         env,
         info,
         &mut argc,
         argv.as_mut_ptr(),
         ptr::null_mut(),
-        ptr::null_mut(),
+        &mut data,
     );
     if argc < N {
         let mut undefined = ptr::null_mut();
         sys::napi_get_undefined(env, &mut undefined);
         argv[argc..].iter_mut().for_each(|a| *a = undefined);
     }
-    argv
+    (argv, data)
 }
 
 unsafe fn number(env: sys::napi_env, v: sys::napi_value) -> f64 {
@@ -173,22 +182,7 @@ unsafe extern "C" fn lock_end(
     info: sys::napi_callback_info,
 ) -> sys::napi_value {
     guarded(env, || {
-        let mut argv = [ptr::null_mut(); 1];
-        let mut argc = 1;
-        let mut end: *mut std::ffi::c_void = ptr::null_mut();
-        sys::napi_get_cb_info(
-            env,
-            info,
-            &mut argc,
-            argv.as_mut_ptr(),
-            ptr::null_mut(),
-            &mut end,
-        );
-        let lock = if argc == 1 {
-            argv[0]
-        } else {
-            return crate::hub::null();
-        };
+        let ([lock], end) = args_and_data::<1>(env, info);
         // SAFETY: `end` is this facade's record (never freed), and its Float64Array, kept
         // alive by a reference, has `len` slots.
         let out = match (end as *const EndValues).as_ref() {
