@@ -42,14 +42,17 @@ describe('a token per attempt', () => {
     assert.equal(await lock.release(), true);
   });
 
-  it('calls the token source once per attempt and keeps the winner token', async () => {
+  it('asks the token source once per acquisition; a refused token is sent again, and the winner keeps it', async () => {
     const adapter = new MapAdapter();
     const holder = await new Locker({ adapter }).acquire('k', { ttl: 200 });
     let n = 0;
-    const locker = new Locker({ adapter, token: () => `attempt-${++n}` });
+    const locker = new Locker({ adapter, token: () => `acq-${++n}` });
     const lock = await locker.acquire('k', { ttl: 1000, retry: { retries: 50, delay: 20 } });
-    assert.ok(n >= 2, `only ${n} token(s) made`);
-    assert.equal(lock.token, `attempt-${n}`);
+    // Asked once when the acquisition started (a source may depend on what runs then); every
+    // attempt was answered "held" until the holder's lease ran out, so nothing is left under
+    // that token and the winning attempt sent it again.
+    assert.equal(n, 1);
+    assert.equal(lock.token, 'acq-1');
     assert.equal(await adapter.isHeld({ key: 'k', token: lock.token }), true);
     await lock.release();
     await holder.release();

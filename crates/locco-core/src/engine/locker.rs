@@ -165,15 +165,21 @@ impl Locker {
         // What the last attempt that got an answer said; `None` while the backend has not
         // answered any attempt, which makes giving up a timeout rather than contention.
         let mut answered: Option<HeldReason> = None;
+        // The token source is asked once, when the acquisition starts (a source may depend on
+        // what runs then, as MutexManager's does). An attempt answered "held" left nothing
+        // under its token, so the next attempt sends it again; after any other miss (late,
+        // no answer) a grant may exist under it, so the next attempt sends a token of its own.
+        let first_token = self.token()?;
+        let mut token = first_token.clone();
+        let mut renewals = 0u32;
         loop {
             if abort.is_some_and(Abort::is_aborted) {
                 return Err(Error::Aborted);
             }
             attempt += 1;
             let sent_at = next_sent_at;
-            let token = self.token()?;
             let missed = match self
-                .attempt(&key, token, ttl, sent_at, budget_end, abort)
+                .attempt(&key, token.clone(), ttl, sent_at, budget_end, abort)
                 .await?
             {
                 Attempt::Won {
@@ -184,6 +190,10 @@ impl Locker {
                 Attempt::Missed(reason) => Some(reason),
                 Attempt::NoAnswer => None,
             };
+            if missed != Some(HeldReason::Held) {
+                renewals += 1;
+                token = format!("{first_token}~{renewals}");
+            }
             // The clock is read once per step: each read costs more than the arithmetic around it.
             let now = self.now()?;
             let elapsed_ms = now - start;
