@@ -21,7 +21,7 @@ pub use backend::redis;
 
 pub use backend::memory::MemoryBackend;
 pub use backend::waiters::{LocalWaiters, LocalWakeups};
-pub use backend::{Backend, Coordination, Op, Waiter};
+pub use backend::{Backend, Coordination, Op, Queue, Queued, Waiter};
 pub use engine::clock::{
     monotonic_ms, Clock, LeaseClock, MonotonicClock, SystemSource, TimeSource,
 };
@@ -30,7 +30,7 @@ pub use engine::event_loop::{EventLoop, SocketWatch};
 pub use engine::events::{Event, EventSink, LossListener};
 pub use engine::ids::{IdHasher, IdMap};
 pub use engine::lock::{lease_end, Lock, LockState, CLOCK_DRIFT_FACTOR};
-pub use engine::locker::Locker;
+pub use engine::locker::{Locker, QUEUE_LEASE_MS, QUEUE_RECHECK_MS};
 pub use engine::options::{
     random_token, validate_key, validate_ttl, AcquireOptions, AutoExtend, LockerOptions,
     TokenSource, MAX_KEY_BYTES, MAX_TTL_MS,

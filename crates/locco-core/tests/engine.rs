@@ -139,6 +139,40 @@ impl Backend for Gated {
     fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
         self.inner.waiter(key)
     }
+    fn queue(&self) -> Option<&dyn Queue> {
+        Some(self)
+    }
+}
+
+impl Queue for Gated {
+    fn acquire_queued(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+        fenced: bool,
+    ) -> Op<Queued> {
+        let (me, k, t, w) = (
+            self.inner.clone(),
+            key.to_owned(),
+            token.to_owned(),
+            waiter.to_owned(),
+        );
+        self.gate("acquire", move || {
+            me.queue()
+                .unwrap()
+                .acquire_queued(&k, &t, ttl, &w, lease, fenced)
+        })
+    }
+    fn leave(&self, key: &str, waiter: &str) -> Op<()> {
+        self.calls.borrow_mut().push("leave");
+        self.inner.queue().unwrap().leave(key, waiter)
+    }
+    fn wakeups(&self, key: &str, waiter: &str) -> Box<dyn Waiter> {
+        self.inner.queue().unwrap().wakeups(key, waiter)
+    }
 }
 
 #[derive(Default)]
@@ -1120,5 +1154,132 @@ fn an_attempt_abandoned_without_an_answer_is_given_back_at_once() {
     assert!(
         h.backend.inner.is_empty(),
         "the grant stays until its TTL although nobody can use it"
+    );
+}
+
+/// Starts an acquisition that notes `name` in `order` when it wins, then holds the lock.
+fn queue_up(
+    h: &mut Harness,
+    name: &'static str,
+    order: &Rc<RefCell<Vec<&'static str>>>,
+    abort: Option<Abort>,
+) -> Rc<RefCell<Option<Lock>>> {
+    let (locker, order) = (h.locker.clone(), order.clone());
+    let held = Rc::new(RefCell::new(None));
+    let slot = held.clone();
+    let options = AcquireOptions::new(10_000).with_retry(retries(1000, 60_000.0));
+    h.pool
+        .spawner()
+        .spawn_local(async move {
+            if let Ok(lock) = locker.acquire("k", options, abort).await {
+                order.borrow_mut().push(name);
+                *slot.borrow_mut() = Some(lock);
+            }
+        })
+        .unwrap();
+    h.pool.run_until_stalled();
+    held
+}
+
+fn release(h: &mut Harness, held: &Rc<RefCell<Option<Lock>>>) {
+    let lock = held.borrow_mut().take().expect("held");
+    h.pool.run_until(lock.release(false)).unwrap();
+    h.pool.run_until_stalled();
+}
+
+#[test]
+fn a_free_key_goes_to_its_longest_waiter_not_to_a_newcomer() {
+    let mut h = Harness::new();
+    let order = Rc::new(RefCell::new(Vec::new()));
+    let first = queue_up(&mut h, "first", &order, None);
+    let second = queue_up(&mut h, "second", &order, None);
+    let third = queue_up(&mut h, "third", &order, None);
+    assert_eq!(*order.borrow(), ["first"]);
+    // The holder asks again the moment it releases: it goes behind the two waiters.
+    let locker = h.locker.clone();
+    let again = h
+        .pool
+        .spawner()
+        .spawn_local_with_handle(async move {
+            locker
+                .acquire(
+                    "k",
+                    AcquireOptions::new(10_000).with_retry(retries(1000, 60_000.0)),
+                    None,
+                )
+                .await
+        })
+        .unwrap();
+    release(&mut h, &first);
+    let tried = h
+        .pool
+        .run_until(h.locker.try_acquire("k", AcquireOptions::new(10_000)));
+    assert!(
+        tried.unwrap().is_none(),
+        "a try does not take a key promised to a waiter"
+    );
+    assert_eq!(*order.borrow(), ["first", "second"]);
+    release(&mut h, &second);
+    assert_eq!(*order.borrow(), ["first", "second", "third"]);
+    release(&mut h, &third);
+    let lock = h.pool.run_until(again).unwrap();
+    assert!(h.pool.run_until(lock.release(false)).unwrap());
+    assert_eq!(
+        h.clock.now(),
+        1000.0,
+        "every hand-off was a push, not a poll"
+    );
+}
+
+#[test]
+fn an_aborted_waiter_leaves_the_queue_at_once() {
+    let mut h = Harness::new();
+    let order = Rc::new(RefCell::new(Vec::new()));
+    let holder = queue_up(&mut h, "holder", &order, None);
+    let abort = Abort::new();
+    let _quitter = queue_up(&mut h, "quitter", &order, Some(abort.clone()));
+    let _next = queue_up(&mut h, "next", &order, None);
+    abort.abort();
+    h.pool.run_until_stalled();
+    release(&mut h, &holder);
+    assert_eq!(*order.borrow(), ["holder", "next"]);
+    assert!(h.backend.count("leave") >= 1);
+}
+
+#[test]
+fn a_dead_waiter_holds_up_the_queue_for_at_most_its_place_lease() {
+    let mut h = Harness::new();
+    let order = Rc::new(RefCell::new(Vec::new()));
+    let holder = queue_up(&mut h, "holder", &order, None);
+    // A waiter of another process that dies in the queue: it asked once, never again.
+    let queue = h.backend.inner.queue().unwrap();
+    let ghost =
+        h.pool
+            .run_until(queue.acquire_queued("k", "t", 10_000, "ghost", QUEUE_LEASE_MS, false));
+    assert_eq!(
+        ghost.unwrap(),
+        Queued::Waiting {
+            retry_in: Some(10_000.0)
+        }
+    );
+    let _live = queue_up(&mut h, "live", &order, None);
+    release(&mut h, &holder);
+    h.run_to(1000.0 + QUEUE_LEASE_MS as f64 - 10.0);
+    assert_eq!(*order.borrow(), ["holder"], "the ghost's place still lives");
+    h.run_to(1000.0 + QUEUE_LEASE_MS as f64 + QUEUE_RECHECK_MS + 10.0);
+    assert_eq!(*order.borrow(), ["holder", "live"]);
+}
+
+#[test]
+fn the_head_tries_again_when_the_holders_lease_ends() {
+    let mut h = Harness::new();
+    let _lost = h.acquire("k", AcquireOptions::new(300));
+    let order = Rc::new(RefCell::new(Vec::new()));
+    let _head = queue_up(&mut h, "head", &order, None);
+    h.run_to(1310.0);
+    assert_eq!(
+        *order.borrow(),
+        ["head"],
+        "woken at the lease end, not the 1 s re-check"
     );
 }

@@ -1,10 +1,10 @@
 //! The in-memory backend: one process, no I/O, every answer ready at once.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
-use crate::backend::waiters::LocalWaiters;
+use crate::backend::queue::{Queue, Queued, WakeBoard};
 use crate::backend::{Backend, Coordination, Op, Waiter};
 use crate::engine::clock::{Clock, MonotonicClock};
 
@@ -13,13 +13,21 @@ struct Entry {
     expires_at: f64,
 }
 
-/// Locks in a `HashMap`, with a FIFO queue of waiters per key: a release wakes the longest
-/// waiter, so under contention ownership rotates instead of going to whoever polls first.
+/// A waiter's place in a key's queue.
+struct Place {
+    waiter: String,
+    expires_at: f64,
+}
+
+/// Locks in a `HashMap`, with a fair queue of waiters per key (see [`Queue`]): a free key goes
+/// to its longest waiter, so under contention ownership rotates instead of going to whoever
+/// polls first.
 pub struct MemoryBackend {
     clock: Rc<dyn Clock>,
     entries: RefCell<HashMap<String, Entry>>,
     fences: RefCell<HashMap<String, u64>>,
-    waiters: LocalWaiters,
+    queues: RefCell<HashMap<String, VecDeque<Place>>>,
+    board: WakeBoard,
     /// Coordination records: value and expiry.
     records: RefCell<HashMap<String, (String, f64)>>,
 }
@@ -37,7 +45,8 @@ impl MemoryBackend {
             clock,
             entries: RefCell::default(),
             fences: RefCell::default(),
-            waiters: LocalWaiters::default(),
+            queues: RefCell::default(),
+            board: WakeBoard::default(),
             records: RefCell::default(),
         }
     }
@@ -45,7 +54,8 @@ impl MemoryBackend {
     /// Forgets every lock. Fencing counters stay, so tokens keep growing.
     pub fn clear(&self) {
         self.entries.borrow_mut().clear();
-        self.waiters.wake_all();
+        let keys: Vec<String> = self.queues.borrow().keys().cloned().collect();
+        keys.iter().for_each(|k| self.wake_head(k));
     }
 
     /// How many keys carry a live lease.
@@ -57,6 +67,66 @@ impl MemoryBackend {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The live head of `key`'s queue, after dropping the places that ran out.
+    fn head(&self, key: &str, now: f64) -> Option<String> {
+        let mut queues = self.queues.borrow_mut();
+        let queue = queues.get_mut(key)?;
+        queue.retain(|p| p.expires_at > now);
+        let head = queue.front().map(|p| p.waiter.clone());
+        if head.is_none() {
+            queues.remove(key);
+        }
+        head
+    }
+
+    /// Pushes a wake to the head of `key`'s queue, when the key is free.
+    fn wake_head(&self, key: &str) {
+        let now = self.clock.now();
+        if self.live_until(key, now).is_none() {
+            if let Some(head) = self.head(key, now) {
+                self.board.wake(&head);
+            }
+        }
+    }
+
+    fn live_until(&self, key: &str, now: f64) -> Option<f64> {
+        let entries = self.entries.borrow();
+        entries
+            .get(key)
+            .map(|e| e.expires_at)
+            .filter(|at| *at > now)
+    }
+
+    /// A grant for `key`, when it is free and `waiter` may take it: nobody waits, or it is
+    /// the head of the queue (then it leaves the queue).
+    fn grant_in_turn(&self, key: &str, token: &str, ttl: u32, waiter: Option<&str>) -> bool {
+        let now = self.clock.now();
+        if self.live_until(key, now).is_some() {
+            return false;
+        }
+        match self.head(key, now) {
+            None => {}
+            Some(head) if Some(head.as_str()) == waiter => {
+                let mut queues = self.queues.borrow_mut();
+                if let Some(q) = queues.get_mut(key) {
+                    q.pop_front();
+                    if q.is_empty() {
+                        queues.remove(key);
+                    }
+                }
+            }
+            Some(_) => return false,
+        }
+        self.grant(key, token, ttl)
+    }
+
+    fn fence_next(&self, key: &str) -> u64 {
+        let mut fences = self.fences.borrow_mut();
+        let fence = fences.entry(key.to_owned()).or_insert(0);
+        *fence += 1;
+        *fence
     }
 
     fn grant(&self, key: &str, token: &str, ttl: u32) -> bool {
@@ -99,14 +169,14 @@ impl Backend for MemoryBackend {
     }
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
-        Op::ready(Ok(self.grant(key, token, ttl)))
+        Op::ready(Ok(self.grant_in_turn(key, token, ttl, None)))
     }
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
         let ours = self.ours(key, token, |_, _| ()).is_some();
         if ours {
             self.entries.borrow_mut().remove(key);
-            self.waiters.wake_next(key);
+            self.wake_head(key);
         }
         Op::ready(Ok(ours))
     }
@@ -125,21 +195,75 @@ impl Backend for MemoryBackend {
     }
 
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
-        if !self.grant(key, token, ttl) {
+        if !self.grant_in_turn(key, token, ttl, None) {
             return Op::ready(Ok(None));
         }
-        let mut fences = self.fences.borrow_mut();
-        let fence = fences.entry(key.to_owned()).or_insert(0);
-        *fence += 1;
-        Op::ready(Ok(Some(*fence)))
+        Op::ready(Ok(Some(self.fence_next(key))))
     }
 
-    fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
-        Some(self.waiters.waiter(key))
+    fn queue(&self) -> Option<&dyn Queue> {
+        Some(self)
     }
 
     fn coordination(&self) -> Option<&dyn Coordination> {
         Some(self)
+    }
+}
+
+impl Queue for MemoryBackend {
+    fn acquire_queued(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+        fenced: bool,
+    ) -> Op<Queued> {
+        if self.grant_in_turn(key, token, ttl, Some(waiter)) {
+            let fence = fenced.then(|| self.fence_next(key));
+            return Op::ready(Ok(Queued::Granted(fence)));
+        }
+        let now = self.clock.now();
+        let expires_at = now + lease as f64;
+        let mut queues = self.queues.borrow_mut();
+        let queue = queues.entry(key.to_owned()).or_default();
+        match queue.iter_mut().position(|p| p.waiter == waiter) {
+            Some(i) => queue[i].expires_at = expires_at,
+            None => queue.push_back(Place {
+                waiter: waiter.to_owned(),
+                expires_at,
+            }),
+        }
+        let at_head = queue.front().is_some_and(|p| p.waiter == waiter);
+        drop(queues);
+        let retry_in = at_head
+            .then(|| self.live_until(key, now).map(|end| end - now))
+            .flatten();
+        Op::ready(Ok(Queued::Waiting { retry_in }))
+    }
+
+    fn leave(&self, key: &str, waiter: &str) -> Op<()> {
+        let was_head = {
+            let mut queues = self.queues.borrow_mut();
+            let Some(queue) = queues.get_mut(key) else {
+                return Op::ready(Ok(()));
+            };
+            let was_head = queue.front().is_some_and(|p| p.waiter == waiter);
+            queue.retain(|p| p.waiter != waiter);
+            if queue.is_empty() {
+                queues.remove(key);
+            }
+            was_head
+        };
+        if was_head {
+            self.wake_head(key);
+        }
+        Op::ready(Ok(()))
+    }
+
+    fn wakeups(&self, _key: &str, waiter: &str) -> Box<dyn Waiter> {
+        self.board.listen(waiter)
     }
 }
 

@@ -9,6 +9,7 @@ pub(crate) mod memory;
 pub mod mongo;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub(crate) mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub(crate) mod waiters;
@@ -18,6 +19,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crate::engine::error::Result;
+pub use queue::{Queue, Queued};
 
 /// The answer of one backend operation: ready at once (the in-memory backend) or later.
 /// Being an enum keeps the synchronous path free of allocations.
@@ -108,6 +110,11 @@ pub trait Backend {
     /// A place in the queue of callers waiting for `key`, woken when it is released, so a
     /// waiter does not depend on its next poll. `None` when the backend cannot tell.
     fn waiter(&self, _key: &str) -> Option<Box<dyn Waiter>> {
+        None
+    }
+    /// The fair queue of waiters, shared by every process, when the backend keeps one. Then
+    /// waiters take their turn in it instead of racing for a free key (see [`Queue`]).
+    fn queue(&self) -> Option<&dyn Queue> {
         None
     }
 }

@@ -162,6 +162,9 @@ impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
     fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
         Some(self.waiters.waiter(key))
     }
+    fn queue(&self) -> Option<&dyn crate::Queue> {
+        self.inner.queue()
+    }
     fn coordination(&self) -> Option<&dyn crate::Coordination> {
         self.inner.coordination()
     }

@@ -19,8 +19,24 @@ use crate::engine::timer::{sleep_until, sleep_until_from};
 /// The shortest wait between attempts: one timer tick, so retries never spin.
 const MIN_WAIT_MS: f64 = 1.0;
 
+/// How long a place in a backend's fair queue lives without its waiter's next attempt: a
+/// waiter that died holds up the queue for at most this long.
+pub const QUEUE_LEASE_MS: u32 = 3000;
+/// The longest wait between attempts of a queued waiter: the backstop for a lost push, and
+/// how its place is renewed (well within [`QUEUE_LEASE_MS`]).
+pub const QUEUE_RECHECK_MS: f64 = 1000.0;
+
 thread_local! {
     static NEXT_LOCK_ID: Cell<u64> = const { Cell::new(1) };
+    static NEXT_WAITER: Cell<u64> = const { Cell::new(1) };
+    /// Unique across processes, so waiter ids from two hosts never meet in one queue.
+    static WAITER_PREFIX: String = random_token()[..16].to_owned();
+}
+
+/// A waiter id: unique, and not the token (the queue may be read by others).
+fn next_waiter_id() -> String {
+    let n = NEXT_WAITER.with(|c| c.replace(c.get() + 1));
+    WAITER_PREFIX.with(|p| format!("{p}.{n:x}"))
 }
 
 /// Takes and holds leases on one backend.
@@ -64,8 +80,9 @@ enum Attempt {
         sent_at: f64,
         fence: Option<u64>,
     },
-    /// Answered: held by another, or granted too late to use (and given back).
-    Missed(HeldReason),
+    /// Answered: held by another, or granted too late to use (and given back); with the
+    /// latest useful moment to try again (ms), when the backend's queue knows it.
+    Missed(HeldReason, Option<f64>),
     /// No answer before the lease (or the budget) ran out.
     NoAnswer,
 }
@@ -155,10 +172,48 @@ impl Locker {
         abort: Option<&Abort>,
     ) -> Result<Lock> {
         let start = self.now()?;
+        let queue = self.shared.backend.queue();
+        let waiter = queue.map(|_| next_waiter_id());
+        match self
+            .take_turns(&key, options, abort, start, waiter.as_deref())
+            .await
+        {
+            Ok(won) => self.won(
+                key,
+                won.token,
+                won.fence,
+                won.sent_at,
+                options,
+                start,
+                won.attempts,
+            ),
+            Err(e) => {
+                // Whatever ended the wait, our place must not hold up the queue.
+                if let (Some(queue), Some(waiter)) = (queue, &waiter) {
+                    let op = queue.leave(&key, waiter);
+                    self.shared.rt.spawner.spawn(Box::pin(async move {
+                        let _ = op.await;
+                    }));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The attempts of one acquisition until one wins; `waiter` is our id in the backend's
+    /// fair queue, when it keeps one.
+    async fn take_turns(
+        &self,
+        key: &str,
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+        start: f64,
+        waiter: Option<&str>,
+    ) -> Result<Won> {
         let policy = &options.retry;
         let budget_end = policy.timeout.map(|t| start + t);
         let ttl = first_ttl(options);
-        let mut waiter: Option<Box<dyn Waiter>> = None;
+        let mut wakeups: Option<Box<dyn Waiter>> = None;
         let mut previous_delay = 0.0;
         let mut attempt = 0u32;
         let mut next_sent_at = start;
@@ -178,16 +233,27 @@ impl Locker {
             }
             attempt += 1;
             let sent_at = next_sent_at;
+            let mut retry_in = None;
             let missed = match self
-                .attempt(&key, token.clone(), ttl, sent_at, budget_end, abort)
+                .attempt(key, token.clone(), ttl, sent_at, budget_end, abort, waiter)
                 .await?
             {
                 Attempt::Won {
                     token,
                     sent_at,
                     fence,
-                } => return self.won(key, token, fence, sent_at, options, start, attempt),
-                Attempt::Missed(reason) => Some(reason),
+                } => {
+                    return Ok(Won {
+                        token,
+                        sent_at,
+                        fence,
+                        attempts: attempt,
+                    })
+                }
+                Attempt::Missed(reason, hint) => {
+                    retry_in = hint;
+                    Some(reason)
+                }
                 Attempt::NoAnswer => None,
             };
             if missed != Some(HeldReason::Held) {
@@ -201,7 +267,7 @@ impl Locker {
             if let Some(reason) = missed {
                 answered = Some(reason);
                 self.emit(|| Event::Contended {
-                    key: &key,
+                    key,
                     ttl: options.ttl,
                     attempt,
                     elapsed_ms,
@@ -210,12 +276,12 @@ impl Locker {
             }
             let give_up = |now: f64| match answered {
                 Some(reason) => Error::Held {
-                    key: key.clone(),
+                    key: key.to_owned(),
                     attempts: attempt,
                     elapsed_ms: now - start,
                     reason,
                 },
-                None => self.no_answer(&key, attempt, now - start),
+                None => self.no_answer(key, attempt, now - start),
             };
             let out_of_time = |now: f64| budget_end.is_some_and(|end| now >= end);
             if policy.retries.is_some_and(|r| attempt > r) || out_of_time(now) {
@@ -247,17 +313,29 @@ impl Locker {
             };
             previous_delay = delay;
             // A delay of 0 still yields to the event loop, so a busy key cannot starve it.
-            let wake_at = now + delay.max(MIN_WAIT_MS);
+            let mut wait = delay.max(MIN_WAIT_MS);
+            if waiter.is_some() {
+                // In a fair queue a push wakes us; the wait is only the backstop, and renews
+                // our place. At the head, the holder's lease end is worth a look too.
+                wait = wait.min(QUEUE_RECHECK_MS);
+                if let Some(hint) = retry_in {
+                    wait = wait.min(hint.max(MIN_WAIT_MS));
+                }
+            }
+            let wake_at = now + wait;
             let wake_at = budget_end.map_or(wake_at, |e| e.min(wake_at));
-            let waiter = waiter.get_or_insert_with(|| {
-                self.shared
-                    .backend
-                    .waiter(&key)
-                    .unwrap_or_else(|| Box::new(NeverReleased))
+            let wakeups = wakeups.get_or_insert_with(|| {
+                let backend = &self.shared.backend;
+                match (backend.queue(), waiter) {
+                    (Some(queue), Some(id)) => queue.wakeups(key, id),
+                    _ => backend
+                        .waiter(key)
+                        .unwrap_or_else(|| Box::new(NeverReleased)),
+                }
             });
             let clock = &*self.shared.rt.clock;
             let sleep = sleep_until_from(clock, &*self.shared.rt.timer, wake_at, read_at);
-            let wait = first(sleep, waiter.released());
+            let wait = first(sleep, wakeups.released());
             if let First::Right(_) = first(wait, aborted(abort)).await {
                 return Err(Error::Aborted);
             }
@@ -314,7 +392,8 @@ impl Locker {
 
     /// One attempt with its own token, bounded by the lease (a later answer is useless) and
     /// the budget. Whatever else happens to a grant, it is given back by that token: the
-    /// engine alone decides a grant's fate.
+    /// engine alone decides a grant's fate. `waiter`: our id in the backend's fair queue.
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
         key: &str,
@@ -323,10 +402,11 @@ impl Locker {
         sent_at: f64,
         budget_end: Option<f64>,
         abort: Option<&Abort>,
+        waiter: Option<&str>,
     ) -> Result<Attempt> {
         let end = lease_end(sent_at, ttl);
         let limit = budget_end.map_or(end, |b| b.min(end));
-        let mut op = self.grant_op(key, &token, ttl);
+        let mut op = self.grant_op(key, &token, ttl, waiter);
         let clock = &*self.shared.rt.clock;
         let deadline = sleep_until(clock, &*self.shared.rt.timer, limit);
         let answer = match first(&mut op, first(deadline, aborted(abort))).await {
@@ -348,8 +428,9 @@ impl Locker {
                 };
             }
         };
-        let Some(fence) = answer else {
-            return Ok(Attempt::Missed(HeldReason::Held));
+        let fence = match answer {
+            Grant::Won(fence) => fence,
+            Grant::Held(retry_in) => return Ok(Attempt::Missed(HeldReason::Held, retry_in)),
         };
         let now = match self.now() {
             Ok(now) => now,
@@ -360,7 +441,7 @@ impl Locker {
         };
         if now >= end {
             self.give_back_now(key, &token);
-            return Ok(Attempt::Missed(HeldReason::Late));
+            return Ok(Attempt::Missed(HeldReason::Late, None));
         }
         if abort.is_some_and(Abort::is_aborted) {
             self.give_back_now(key, &token);
@@ -373,10 +454,14 @@ impl Locker {
         })
     }
 
-    /// The grant request: `Some(fence)` when granted (`fence` is `None` without fencing).
-    fn grant_op(&self, key: &str, token: &str, ttl: u32) -> GrantOp {
+    /// The grant request, in the fair queue as `waiter` when there is one.
+    fn grant_op(&self, key: &str, token: &str, ttl: u32, waiter: Option<&str>) -> GrantOp {
         let backend = &self.shared.backend;
-        if self.shared.options.fencing {
+        let fencing = self.shared.options.fencing;
+        if let (Some(queue), Some(waiter)) = (backend.queue(), waiter) {
+            let lease = QUEUE_LEASE_MS;
+            GrantOp::Queued(queue.acquire_queued(key, token, ttl, waiter, lease, fencing))
+        } else if fencing {
             GrantOp::Fenced(backend.acquire_fenced(key, token, ttl))
         } else {
             GrantOp::Plain(backend.acquire(key, token, ttl))
@@ -402,8 +487,8 @@ impl Locker {
         self.shared.rt.spawner.spawn(Box::pin(async move {
             let _ = now.await;
             match op.await {
-                Ok(None) => {}
-                Ok(Some(_)) | Err(_) => {
+                Ok(Grant::Held(_)) => {}
+                Ok(Grant::Won(_)) | Err(_) => {
                     let _ = backend.release(&key, &token).await;
                 }
             }
@@ -491,7 +576,10 @@ impl Locker {
         let start = self.now()?;
         let token = self.token()?;
         let ttl = first_ttl(&options);
-        match self.attempt(&key, token, ttl, start, None, None).await? {
+        match self
+            .attempt(&key, token, ttl, start, None, None, None)
+            .await?
+        {
             Attempt::Won {
                 token,
                 sent_at,
@@ -503,7 +591,7 @@ impl Locker {
                 let elapsed_ms = self.now()? - start;
                 Err(self.no_answer(&key, 1, elapsed_ms))
             }
-            Attempt::Missed(reason) => {
+            Attempt::Missed(reason, _) => {
                 let elapsed_ms = self.now()? - start;
                 self.emit(|| Event::Contended {
                     key: &key,
@@ -626,10 +714,18 @@ enum Bounded<T> {
     Aborted,
 }
 
-/// A grant request; `Some(fence)` when granted.
+/// What a grant request got: the key (with its fence when fenced), or held (with the
+/// latest useful moment to try again, when the backend's queue knows it).
+enum Grant {
+    Won(Option<u64>),
+    Held(Option<f64>),
+}
+
+/// A grant request.
 enum GrantOp {
     Plain(Op<bool>),
     Fenced(Op<Option<u64>>),
+    Queued(Op<crate::backend::Queued>),
 }
 
 impl GrantOp {
@@ -637,28 +733,56 @@ impl GrantOp {
         match self {
             GrantOp::Plain(op) => op.abandon(),
             GrantOp::Fenced(op) => op.abandon(),
+            GrantOp::Queued(op) => op.abandon(),
         }
     }
 }
 
 impl std::future::Future for GrantOp {
-    type Output = Result<Option<Option<u64>>>;
+    type Output = Result<Grant>;
     fn poll(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
+        use crate::backend::Queued;
+        use std::pin::Pin;
         use std::task::Poll;
-        match self.get_mut() {
-            GrantOp::Plain(op) => match std::pin::Pin::new(op).poll(cx) {
-                Poll::Ready(r) => Poll::Ready(r.map(|won| won.then_some(None))),
-                Poll::Pending => Poll::Pending,
+        let grant = match self.get_mut() {
+            GrantOp::Plain(op) => match Pin::new(op).poll(cx) {
+                Poll::Ready(r) => r.map(|won| {
+                    if won {
+                        Grant::Won(None)
+                    } else {
+                        Grant::Held(None)
+                    }
+                }),
+                Poll::Pending => return Poll::Pending,
             },
-            GrantOp::Fenced(op) => match std::pin::Pin::new(op).poll(cx) {
-                Poll::Ready(r) => Poll::Ready(r.map(|fence| fence.map(Some))),
-                Poll::Pending => Poll::Pending,
+            GrantOp::Fenced(op) => match Pin::new(op).poll(cx) {
+                Poll::Ready(r) => r.map(|fence| match fence {
+                    Some(f) => Grant::Won(Some(f)),
+                    None => Grant::Held(None),
+                }),
+                Poll::Pending => return Poll::Pending,
             },
-        }
+            GrantOp::Queued(op) => match Pin::new(op).poll(cx) {
+                Poll::Ready(r) => r.map(|q| match q {
+                    Queued::Granted(fence) => Grant::Won(fence),
+                    Queued::Waiting { retry_in } => Grant::Held(retry_in),
+                }),
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        Poll::Ready(grant)
     }
+}
+
+/// A winning attempt of [`Locker::take_turns`].
+struct Won {
+    token: String,
+    sent_at: f64,
+    fence: Option<u64>,
+    attempts: u32,
 }
 
 /// For backends that cannot tell when a key is released: waiters rely on their next poll.

@@ -1,0 +1,162 @@
+//! The fair waiter queue a backend may keep: one FIFO queue per key, shared by every process
+//! that uses the backend, so that a contended key goes to whoever asked first.
+//!
+//! Rules every implementation keeps:
+//! - Only the longest *live* waiter may take a free key; a plain [`crate::Backend::acquire`]
+//!   (a try, which never queues) is refused while anyone waits.
+//! - A place lives `lease` ms and is renewed by each attempt of its waiter, so a waiter that
+//!   died (killed, partitioned) holds up the others for at most that lease.
+//! - A release (or a head leaving a free key) pushes a wake to the new head. A push only says
+//!   "try now": the grant is still the waiter's own attempt, so the lease clock rule holds.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+
+use crate::backend::{Op, Waiter};
+
+/// What a queued attempt got.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Queued {
+    /// The key is ours; the fencing token when the attempt asked for one.
+    Granted(Option<u64>),
+    /// Held, or free but promised to an earlier waiter: we are (still) in the queue.
+    /// `retry_in`: the latest useful moment to try again, in ms, when the backend knows it
+    /// (at the head, when the holder's lease runs out).
+    Waiting { retry_in: Option<f64> },
+}
+
+/// A backend's queue of waiters (see the module documentation).
+pub trait Queue {
+    /// One attempt as `waiter`: a grant when the key is free and nobody live waits ahead of
+    /// us (we leave the queue then); otherwise we join the queue, or keep our place, for
+    /// `lease` ms. `fenced` takes a fencing token with the grant.
+    fn acquire_queued(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+        fenced: bool,
+    ) -> Op<Queued>;
+
+    /// Leaves `key`'s queue at once (aborted, out of time, failed). Passes the wake on when
+    /// we were the head of a free key. Nothing happens when we are not in it.
+    fn leave(&self, key: &str, waiter: &str) -> Op<()>;
+
+    /// Where `waiter` hears that it may try now. Made before the first attempt, so that no
+    /// push can arrive before anyone listens; dropping it stops listening.
+    fn wakeups(&self, key: &str, waiter: &str) -> Box<dyn Waiter>;
+}
+
+/// The waiters of this process that listen for pushes, by waiter id. Thread-safe, because a
+/// network backend hears its pushes on the I/O thread.
+#[derive(Clone, Default)]
+pub(crate) struct WakeBoard(Arc<Mutex<Board>>);
+
+#[derive(Default)]
+struct Board {
+    listening: HashMap<String, Arc<Slot>>,
+    /// Pushes for waiters that do not listen yet: a push can overtake the answer that put the
+    /// waiter in the queue. Ids are unique, so an old entry can only go unused.
+    early: HashSet<String>,
+}
+
+/// Early pushes kept at most; past this the set starts again (a lost push costs one re-check).
+const EARLY_MAX: usize = 4096;
+
+#[derive(Default)]
+struct Slot {
+    woken: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Slot {
+    fn wake(&self) {
+        self.woken.store(true, Ordering::Release);
+        if let Some(w) = self.waker.lock().ok().and_then(|mut w| w.take()) {
+            w.wake();
+        }
+    }
+}
+
+impl WakeBoard {
+    /// Tells `waiter` to try now.
+    pub fn wake(&self, waiter: &str) {
+        let Ok(mut board) = self.0.lock() else { return };
+        match board.listening.get(waiter) {
+            Some(slot) => slot.wake(),
+            None => {
+                if board.early.len() >= EARLY_MAX {
+                    board.early.clear();
+                }
+                board.early.insert(waiter.to_owned());
+            }
+        }
+    }
+
+    /// Tells every listening waiter to try now: pushes may have been missed (a subscription
+    /// that dropped, or was not yet in place).
+    pub fn wake_all(&self) {
+        if let Ok(board) = self.0.lock() {
+            board.listening.values().for_each(|s| s.wake());
+        }
+    }
+
+    /// Whether any waiter listens (a network backend keeps its push channel only then).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().map_or(true, |b| b.listening.is_empty())
+    }
+
+    pub fn listen(&self, waiter: &str) -> Box<dyn Waiter> {
+        let slot = Arc::new(Slot::default());
+        if let Ok(mut board) = self.0.lock() {
+            if board.early.remove(waiter) {
+                slot.woken.store(true, Ordering::Release);
+            }
+            board.listening.insert(waiter.to_owned(), slot.clone());
+        }
+        Box::new(Listener {
+            board: self.clone(),
+            waiter: waiter.to_owned(),
+            slot,
+        })
+    }
+}
+
+struct Listener {
+    board: WakeBoard,
+    waiter: String,
+    slot: Arc<Slot>,
+}
+
+impl Waiter for Listener {
+    fn released(&mut self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        Box::pin(std::future::poll_fn(move |cx| {
+            if self.slot.woken.swap(false, Ordering::AcqRel) {
+                return Poll::Ready(());
+            }
+            if let Ok(mut w) = self.slot.waker.lock() {
+                *w = Some(cx.waker().clone());
+            }
+            // A push between the check and storing the waker would be missed without this.
+            if self.slot.woken.swap(false, Ordering::AcqRel) {
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        }))
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Ok(mut board) = self.board.0.lock() {
+            board.listening.remove(&self.waiter);
+        }
+    }
+}
