@@ -14,21 +14,112 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Script};
 
 use crate::backend::io::{self, redact, runtime, Failure};
-use crate::backend::{Backend, Op};
+use crate::backend::{Backend, Op, Queue, Queued, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 #[cfg(unix)]
 mod event_loop_link;
 mod failure;
+mod pushes;
 
 use failure::failure_of;
 
-/// Deletes the key only when it still carries our token.
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+/// What the queue scripts share. KEYS[1] the lock, KEYS[2] its queue (a list of places,
+/// oldest first), KEYS[3] each place's deadline (a sorted set, server ms). A place is
+/// `<channel>|<waiter>`: the channel of the adapter that waits, so a push reaches only it.
+const QUEUE_PRELUDE: &str = r"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-return 0";
+-- The longest live place, after dropping the places at the front whose lease ran out.
+local function head(now)
+  while true do
+    local h = redis.call('LINDEX', KEYS[2], 0)
+    if not h then return nil end
+    local d = redis.call('ZSCORE', KEYS[3], h)
+    if d and tonumber(d) > now then return h end
+    redis.call('LPOP', KEYS[2])
+    redis.call('ZREM', KEYS[3], h)
+  end
+end
+local function wake(h)
+  local chan = string.match(h, '^(.-)|')
+  -- pcall: a user without channel rights still gets its locks; its waiters re-check instead.
+  if chan then redis.pcall('PUBLISH', 'locco:wake:' .. chan, h) end
+end
+-- Tells the head of a free key to try now.
+local function wake_head()
+  if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+    local h = head(now_ms())
+    if h then wake(h) end
+  end
+end
+";
+
+/// One attempt, queued or not. KEYS[4] the fencing counter (given only when fenced). ARGV: token, ttl ms, our place
+/// ('' for a try, which never queues), the place's lease ms, '1' to take a fencing token, how
+/// long the counter outlives its last grant. Answers {1, fence or 0} for a grant, else
+/// {0, ms until the holder's lease ends when we are at the head, or -1}.
+const ACQUIRE_BODY: &str = r"
+local function grant()
+  if ARGV[5] ~= '1' then return {1, 0} end
+  -- At least the server's time in microseconds: tokens keep growing even when the counter is
+  -- lost to a restart without persistence, a flush or a failover. The counter breaks ties and
+  -- covers a clock that steps back.
+  local t = redis.call('TIME')
+  local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = tonumber(redis.call('GET', KEYS[4]) or '0')
+  if last >= fence then fence = last + 1 end
+  local keep = math.max(tonumber(ARGV[6]), tonumber(ARGV[2]))
+  redis.call('SET', KEYS[4], string.format('%.0f', fence), 'PX', keep)
+  return {1, fence}
+end
+-- Nobody waits: the one-step grant, as without a queue.
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return grant() end
+  if ARGV[3] == '' then return {0, -1} end
+end
+local me = ARGV[3]
+local now = now_ms()
+local h = head(now)
+local free = redis.call('EXISTS', KEYS[1]) == 0
+if free and (h == nil or h == me) then
+  if h then
+    redis.call('LPOP', KEYS[2])
+    redis.call('ZREM', KEYS[3], h)
+  end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return grant()
+end
+-- A free key promised to a head that has not come: its push may have been lost.
+if free then wake(h) end
+if me == '' then return {0, -1} end
+if not redis.call('ZSCORE', KEYS[3], me) then
+  redis.call('RPUSH', KEYS[2], me)
+end
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), me)
+-- The queue outlives every place in it, and goes when its last waiter does.
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
+if h == nil or h == me then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+return {0, -1}";
+
+/// Deletes the key only when it still carries our token, and tells the next waiter.
+const RELEASE_BODY: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+wake_head()
+return 1";
+
+/// Gives up our place (ARGV[1]); the next waiter hears of a free key it can now take.
+const LEAVE_BODY: &str = r"
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+wake_head()
+return 1";
 
 /// A new lease for our own live key. An expired key is gone, so GET finds nothing and the key
 /// is never re-created.
@@ -45,42 +136,26 @@ if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('PTTL', KEYS[1]) > 0 the
 end
 return 0";
 
-/// The grant and its fencing token in one step. KEYS: lock, counter. ARGV: token, ttl ms,
-/// how long the counter outlives its last grant (ms).
-const ACQUIRE_FENCED: &str = r"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return false
-end
--- At least the server's time in microseconds: tokens keep growing even when the counter is
--- lost to a restart without persistence, a flush or a failover. The counter breaks ties and
--- covers a clock that steps back.
-local now = redis.call('TIME')
-local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-if last >= fence then
-  fence = last + 1
-end
-local keep = math.max(tonumber(ARGV[3]), tonumber(ARGV[2]))
-redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', keep)
-return fence";
-
 /// A fence counter lives this long after its key's last grant.
 const FENCE_COUNTER_KEEP_MS: u64 = 24 * 60 * 60 * 1000;
 
 struct Scripts {
+    acquire: Script,
     release: Script,
+    leave: Script,
     extend: Script,
     is_held: Script,
-    acquire_fenced: Script,
 }
 
 fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    let queued = |body: &str| Script::new(&format!("{QUEUE_PRELUDE}{body}"));
     SCRIPTS.get_or_init(|| Scripts {
-        release: Script::new(RELEASE),
+        acquire: queued(ACQUIRE_BODY),
+        release: queued(RELEASE_BODY),
+        leave: queued(LEAVE_BODY),
         extend: Script::new(EXTEND),
         is_held: Script::new(IS_HELD),
-        acquire_fenced: Script::new(ACQUIRE_FENCED),
     })
 }
 
@@ -177,6 +252,9 @@ struct Inner {
     /// waited while an attempt failed takes that failure (see `conn`).
     connect_failures: std::sync::atomic::AtomicU64,
     connect_failed: Mutex<Option<Failure>>,
+    /// This adapter's pub/sub channel (`locco:wake:<channel>`), and its subscriber.
+    channel: String,
+    pushes: pushes::Pushes,
 }
 
 /// A Redis or Valkey server, or a Redis Cluster.
@@ -230,13 +308,35 @@ pub fn hash_tag(key: &str) -> Option<&str> {
     (close > open + 1).then(|| &key[open + 1..close])
 }
 
+/// A key beside a lock's, in the same hash slot: `suffix` after the lock's key, which is
+/// wrapped in a hash tag when it has none.
+fn beside(key: &str, suffix: &str) -> String {
+    if hash_tag(key).is_some() {
+        format!("{key}:{suffix}")
+    } else {
+        format!("{{{key}}}:{suffix}")
+    }
+}
+
 /// The key of a lock's fencing counter, in the same hash slot as the lock.
 pub fn fence_key(key: &str) -> String {
-    if hash_tag(key).is_some() {
-        format!("{key}:locco-fence")
-    } else {
-        format!("{{{key}}}:locco-fence")
-    }
+    beside(key, "locco-fence")
+}
+
+/// The keys the scripts take: the lock, its queue, its places' deadlines, its fence counter.
+/// The queue's keys start with the lock's key where they can (not on a Cluster, where a key
+/// without a hash tag needs one), so ACL key patterns that allow the lock allow its queue.
+fn lock_keys(key: &str, cluster: bool) -> [String; 4] {
+    let queue = |suffix: &str| match cluster {
+        true => beside(key, suffix),
+        false => format!("{key}:{suffix}"),
+    };
+    [
+        key.to_owned(),
+        queue("locco-q"),
+        queue("locco-qt"),
+        fence_key(key),
+    ]
 }
 
 impl RedisBackend {
@@ -293,6 +393,8 @@ impl RedisBackend {
                 warned: Default::default(),
                 connect_failures: Default::default(),
                 connect_failed: Mutex::default(),
+                channel: crate::random_token()[..16].to_owned(),
+                pushes: Default::default(),
             }),
             warn: None,
             #[cfg(unix)]
@@ -344,6 +446,7 @@ impl RedisBackend {
     pub fn close(&self) {
         use std::sync::atomic::Ordering;
         self.inner.closed.store(true, Ordering::Release);
+        self.inner.pushes.close();
         self.inner.replicated.lock().map(|mut r| r.clear()).ok();
         #[cfg(unix)]
         if let Some(link) = &self.link {
@@ -491,6 +594,28 @@ impl Inner {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
+    /// Where the push subscriber may connect: the server, or each seed of a Cluster.
+    fn pubsub_clients(&self) -> Vec<Client> {
+        if let Some(client) = &self.client {
+            return vec![client.clone()];
+        }
+        let open = |url: &String| match &self.options.tls_ca {
+            Some(ca) => Client::build_with_tls(
+                url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                },
+            ),
+            None => Client::open(url.as_str()),
+        };
+        self.options
+            .urls
+            .iter()
+            .filter_map(|u| open(u).ok())
+            .collect()
+    }
+
     fn check_open(&self) -> Result<(), Failure> {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             let closed = "the Redis adapter is closed";
@@ -581,18 +706,19 @@ impl Inner {
 
     async fn give_back(self: &Arc<Self>, key: &str, token: &str) {
         if let Ok(mut conn) = self.conn().await {
+            let k = lock_keys(key, self.options.cluster);
             let _ = conn
-                .script::<i64>(&scripts().release, &[key], &[token])
+                .script::<i64>(&scripts().release, &[&k[0], &k[1], &k[2]], &[token])
                 .await;
         }
     }
 }
 
-fn set_nx(key: &str, token: &str, ttl: u32) -> redis::Cmd {
-    let mut cmd = redis::cmd("SET");
-    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl);
-    cmd
-}
+/// The answer of the acquire script: granted, and the fence or the wait hint.
+type GrantReply = (i64, i64);
+
+/// A place in a key's queue never lives shorter than this, whatever the engine asks.
+const MIN_PLACE_LEASE_MS: u32 = 100;
 
 impl crate::backend::Coordination for RedisBackend {
     fn peek(&self, key: &str) -> Op<Option<String>> {
@@ -636,34 +762,15 @@ impl Backend for RedisBackend {
     }
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
-        let Some(w) = self.inner.options.wait_for_replicas else {
-            let cmd = set_nx(key, token, ttl);
-            return self.with_conn(move |inner, mut conn| async move {
-                let reply: Option<String> = conn.query(&cmd).await.map_err(|e| inner.failure(e))?;
-                Ok(reply.is_some())
-            });
-        };
-        let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move {
-            let cmd = set_nx(&key, &token, ttl);
-            let (reply, acked) = inner
-                .write_and_wait(w, |c| {
-                    Box::pin(async move { cmd.query_async::<Option<String>>(c).await })
-                })
-                .await?;
-            if reply.is_some() && acked < w.replicas {
-                inner.give_back(&key, &token).await;
-                return Err(Inner::replication_failure(w, acked));
-            }
-            Ok(reply.is_some())
-        })
+        self.grant(key, token, ttl, "", false, |(granted, _)| granted == 1)
     }
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
-        let (key, token) = (key.to_owned(), token.to_owned());
+        let (keys, token) = (self.keys(key), token.to_owned());
         self.with_conn(move |inner, mut conn| async move {
+            let [lock, queue, places, _] = &keys;
             let deleted: i64 = conn
-                .script(&scripts().release, &[&key], &[&token])
+                .script(&scripts().release, &[lock, queue, places], &[&token])
                 .await
                 .map_err(|e| inner.failure(e))?;
             Ok(deleted == 1)
@@ -715,51 +822,164 @@ impl Backend for RedisBackend {
     }
 
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
+        self.grant(key, token, ttl, "", true, |(granted, fence)| {
+            (granted == 1).then_some(fence as u64)
+        })
+    }
+
+    fn queue(&self) -> Option<&dyn Queue> {
+        Some(self)
+    }
+}
+
+impl Queue for RedisBackend {
+    fn acquire_queued(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+        fenced: bool,
+    ) -> Op<Queued> {
+        let place = self.place(waiter);
+        let lease = lease.max(MIN_PLACE_LEASE_MS);
+        self.grant_as(
+            key,
+            token,
+            ttl,
+            place,
+            lease,
+            fenced,
+            move |(granted, n)| match granted {
+                1 => Queued::Granted(fenced.then_some(n as u64)),
+                _ => Queued::Waiting {
+                    retry_in: (n >= 0).then_some(n as f64),
+                },
+            },
+        )
+    }
+
+    fn leave(&self, key: &str, waiter: &str) -> Op<()> {
+        if let Err(e) = self.check_key(key) {
+            return Op::ready(Err(e));
+        }
+        let (keys, place) = (self.keys(key), self.place(waiter));
+        self.with_conn(move |inner, mut conn| async move {
+            let [lock, queue, places, _] = &keys;
+            conn.script::<i64>(&scripts().leave, &[lock, queue, places], &[&place])
+                .await
+                .map(drop)
+                .map_err(|e| inner.failure(e))
+        })
+    }
+
+    fn wakeups(&self, _key: &str, waiter: &str) -> Box<dyn Waiter> {
+        let inner = &self.inner;
+        inner.pushes.listen(
+            waiter,
+            || inner.pubsub_clients(),
+            format!("locco:wake:{}", inner.channel),
+        )
+    }
+}
+
+impl RedisBackend {
+    fn keys(&self, key: &str) -> [String; 4] {
+        lock_keys(key, self.inner.options.cluster)
+    }
+
+    /// Our place in a queue: this adapter's channel and the waiter.
+    fn place(&self, waiter: &str) -> String {
+        format!("{}|{waiter}", self.inner.channel)
+    }
+
+    /// On a Cluster, a key's queue and counter must share its slot: a key with `}` but no
+    /// hash tag cannot have them.
+    fn check_key(&self, key: &str) -> Result<(), Error> {
         if self.inner.options.cluster && hash_tag(key).is_none() && key.contains('}') {
-            return Op::ready(Err(Error::validation(
+            return Err(Error::validation(
                 "key",
                 format!(
-                    "{key:?} contains '}}' without a hash tag, so its fencing counter cannot share \
-                     its Cluster slot; give the key a hash tag such as {{order:1}}"
+                    "{key:?} contains '}}' without a hash tag, so its queue and fencing counter \
+                     cannot share its Cluster slot; give the key a hash tag such as {{order:1}}"
                 ),
-            )));
+            ));
         }
-        let (key, token) = (key.to_owned(), token.to_owned());
-        let counter = fence_key(&key);
-        let (ttl, keep) = (ttl.to_string(), FENCE_COUNTER_KEEP_MS.to_string());
+        Ok(())
+    }
+
+    /// A try (no place): never queues, never takes a key promised to a waiter.
+    fn grant<T: Send + 'static>(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        place: &str,
+        fenced: bool,
+        answer: impl FnOnce(GrantReply) -> T + Send + 'static,
+    ) -> Op<T> {
+        self.grant_as(key, token, ttl, place.to_owned(), 0, fenced, answer)
+    }
+
+    /// Runs the acquire script; with `waitForReplicas`, a grant counts only once replicated.
+    #[allow(clippy::too_many_arguments)]
+    fn grant_as<T: Send + 'static>(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        place: String,
+        lease: u32,
+        fenced: bool,
+        answer: impl FnOnce(GrantReply) -> T + Send + 'static,
+    ) -> Op<T> {
+        if let Err(e) = self.check_key(key) {
+            return Op::ready(Err(e));
+        }
+        let keys = self.keys(key);
+        // The fence counter only when it is used: an ACL may not allow it.
+        let key_count = if fenced { 4 } else { 3 };
+        let args = [
+            token.to_owned(),
+            ttl.to_string(),
+            place,
+            lease.to_string(),
+            if fenced { "1" } else { "0" }.to_owned(),
+            FENCE_COUNTER_KEEP_MS.to_string(),
+        ];
         let Some(w) = self.inner.options.wait_for_replicas else {
             return self.with_conn(move |inner, mut conn| async move {
-                conn.script::<Option<u64>>(
-                    &scripts().acquire_fenced,
-                    &[&key, &counter],
-                    &[&token, &ttl, &keep],
-                )
-                .await
-                .map_err(|e| inner.failure(e))
+                let keys = keys.each_ref().map(String::as_str);
+                let args = args.each_ref().map(String::as_str);
+                let reply: GrantReply = conn
+                    .script(&scripts().acquire, &keys[..key_count], &args)
+                    .await
+                    .map_err(|e| inner.failure(e))?;
+                Ok(answer(reply))
             });
         };
         self.run(move |inner| async move {
-            let (k2, c2, t2, ttl2, keep2) = (
-                key.clone(),
-                counter.clone(),
-                token.clone(),
-                ttl.clone(),
-                keep.clone(),
-            );
-            let (fence, acked) = inner
+            let (lock, token) = (keys[0].clone(), args[0].clone());
+            let (reply, acked) = inner
                 .write_and_wait(w, |c| {
                     Box::pin(async move {
-                        let mut inv = scripts().acquire_fenced.prepare_invoke();
-                        inv.key(&k2).key(&c2).arg(&t2).arg(&ttl2).arg(&keep2);
-                        inv.invoke_async::<Option<u64>>(c).await
+                        let mut inv = scripts().acquire.prepare_invoke();
+                        keys[..key_count].iter().for_each(|k| {
+                            inv.key(k);
+                        });
+                        args.iter().for_each(|a| {
+                            inv.arg(a);
+                        });
+                        inv.invoke_async::<GrantReply>(c).await
                     })
                 })
                 .await?;
-            if fence.is_some() && acked < w.replicas {
-                inner.give_back(&key, &token).await;
+            if reply.0 == 1 && acked < w.replicas {
+                inner.give_back(&lock, &token).await;
                 return Err(Inner::replication_failure(w, acked));
             }
-            Ok(fence)
+            Ok(answer(reply))
         })
     }
 }

@@ -1,0 +1,108 @@
+//! Pushes to this adapter's waiters: one pub/sub connection per adapter, subscribed to the
+//! adapter's own channel. A release publishes to the channel of the queue's head only, so a
+//! push costs one message to one process, and only when someone waits.
+//!
+//! A push only says "try now". One that is lost (a dropped connection, a failover, or one sent
+//! in the moment before the first subscription took effect) is covered by the waiters'
+//! re-checks; after a subscription dropped, every waiter re-checks at once when it is back.
+//! (Not after the first: its window is one round trip, and a wake-up nobody lost would cost
+//! every waiter one of its retries.)
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::Client;
+
+use crate::backend::io::runtime;
+use crate::backend::queue::WakeBoard;
+use crate::backend::Waiter;
+
+/// How often a subscriber with nobody to tell checks whether its adapter is still there.
+const IDLE_CHECK: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+pub(super) struct Pushes {
+    board: WakeBoard,
+    started: AtomicBool,
+    stop: Arc<tokio::sync::Notify>,
+}
+
+impl Pushes {
+    /// Starts listening for `waiter`; the subscription starts with the first waiter.
+    pub fn listen(
+        &self,
+        waiter: &str,
+        clients: impl FnOnce() -> Vec<Client>,
+        channel: String,
+    ) -> Box<dyn Waiter> {
+        let listener = self.board.listen(waiter);
+        if !self.started.swap(true, Ordering::AcqRel) {
+            let (board, stop) = (self.board.clone(), self.stop.clone());
+            runtime().spawn(subscribe(clients(), channel, board, Arc::downgrade(&stop)));
+        }
+        listener
+    }
+
+    pub fn close(&self) {
+        self.stop.notify_one();
+    }
+}
+
+/// Subscribes to `channel` on one of `clients` (the seeds of a Cluster, where a classic
+/// PUBLISH reaches every node) and passes each push on, until the adapter is closed or gone.
+async fn subscribe(
+    clients: Vec<Client>,
+    channel: String,
+    board: WakeBoard,
+    stop: Weak<tokio::sync::Notify>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    let mut resubscribed = false;
+    for client in clients.iter().cycle() {
+        let Some(stopped) = stop.upgrade() else {
+            return;
+        };
+        let connect = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        let connected = tokio::time::timeout(Duration::from_secs(5), connect).await;
+        if let Ok(Ok(pubsub)) = connected {
+            if resubscribed {
+                board.wake_all();
+            }
+            resubscribed = true;
+            backoff = Duration::from_millis(50);
+            let mut messages = pubsub.into_on_message();
+            loop {
+                tokio::select! {
+                    m = messages.next() => match m {
+                        Some(msg) => {
+                            if let Ok(place) = msg.get_payload::<String>() {
+                                let waiter = place.split_once('|').map_or(place.as_str(), |p| p.1);
+                                board.wake(waiter);
+                            }
+                        }
+                        None => break,
+                    },
+                    _ = stopped.notified() => return,
+                    _ = tokio::time::sleep(IDLE_CHECK) => {
+                        if Weak::strong_count(&stop) <= 1 {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        board.wake_all();
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stopped.notified() => return,
+        }
+        drop(stopped);
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
