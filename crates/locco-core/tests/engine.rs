@@ -1283,3 +1283,43 @@ fn the_head_tries_again_when_the_holders_lease_ends() {
         "woken at the lease end, not the 1 s re-check"
     );
 }
+
+#[test]
+fn a_queued_waiter_rides_out_a_failing_backend_within_its_budget() {
+    let mut h = Harness::new();
+    let holder = h.acquire("k", AcquireOptions::new(10_000));
+    let policy = RetryPolicy {
+        retries: None,
+        delay: Delay::Fixed(100.0),
+        timeout: Some(5_000.0),
+    };
+    let waiting = h.spawn_acquire("k", AcquireOptions::new(10_000).with_retry(policy.clone()));
+    h.pool.run_until_stalled();
+    h.backend.fail.set(true);
+    h.run_to(1350.0);
+    h.backend.fail.set(false);
+    h.pool.run_until(holder.release(false)).unwrap();
+    let lock = h
+        .pool
+        .run_until(waiting)
+        .expect("the wait went on after the failures");
+    assert!(h.pool.run_until(lock.release(false)).unwrap());
+
+    // A backend that stays down until the budget ends: the failure, not contention.
+    let _holder = h.acquire("k", AcquireOptions::new(10_000));
+    let waiting = h.spawn_acquire("k", AcquireOptions::new(10_000).with_retry(policy));
+    h.pool.run_until_stalled();
+    h.backend.fail.set(true);
+    h.run_to(h.clock.now() + 5_100.0);
+    let err = h.pool.run_until(waiting).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            Error::Backend {
+                kind: BackendErrorKind::Io,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}

@@ -220,6 +220,8 @@ impl Locker {
         // What the last attempt that got an answer said; `None` while the backend has not
         // answered any attempt, which makes giving up a timeout rather than contention.
         let mut answered: Option<HeldReason> = None;
+        // The failure of the last attempt, when a queued waiter went on after it.
+        let mut failed: Option<Error> = None;
         // The token source is asked once, when the acquisition starts (a source may depend on
         // what runs then, as MutexManager's does). An attempt answered "held" left nothing
         // under its token, so the next attempt sends it again; after any other miss (late,
@@ -234,10 +236,23 @@ impl Locker {
             attempt += 1;
             let sent_at = next_sent_at;
             let mut retry_in = None;
-            let missed = match self
+            let outcome = self
                 .attempt(key, token.clone(), ttl, sent_at, budget_end, abort, waiter)
-                .await?
-            {
+                .await;
+            // A queued waiter rides out a connection that drops or a server that restarts:
+            // its place (or the queue) may be gone, but its next attempt asks again, and
+            // the budget still bounds the wait. Anything else ends the acquisition.
+            let outcome = match outcome {
+                Err(e) if waiter.is_some() && answered.is_some() && is_transient(&e) => {
+                    failed = Some(e);
+                    Attempt::NoAnswer
+                }
+                other => {
+                    failed = None;
+                    other?
+                }
+            };
+            let missed = match outcome {
                 Attempt::Won {
                     token,
                     sent_at,
@@ -275,6 +290,7 @@ impl Locker {
                 });
             }
             let give_up = |now: f64| match answered {
+                _ if failed.is_some() => failed.clone().expect("checked"),
                 Some(reason) => Error::Held {
                     key: key.to_owned(),
                     attempts: attempt,
@@ -693,6 +709,18 @@ fn naming(e: Error, key: &str) -> Error {
         },
         other => other,
     }
+}
+
+/// A failure that a later attempt may not meet: the connection or the server, not the
+/// request or its rights.
+fn is_transient(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Backend {
+            kind: BackendErrorKind::Io | BackendErrorKind::Timeout,
+            ..
+        }
+    )
 }
 
 /// Whether a failed grant request may still have taken the key on the server. Only a
