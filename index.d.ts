@@ -42,6 +42,28 @@ export interface LockAdapter {
   isHeld(input: { key: string; token: string }): Promise<boolean>;
   /** For `fencing: true`: acquire and take the key's next fencing token; null when held. */
   acquireFenced?(input: { key: string; token: string; ttl: number }): Promise<number | null>;
+  /**
+   * Optional, with leaveQueue and watchQueue (all three or none): a fair queue of waiters per
+   * key. Grants only when the key is free and no live waiter is ahead of `waiter` (who then
+   * leaves the queue); otherwise puts `waiter` at the back of the key's queue, or keeps its
+   * place, for `lease` ms. A plain acquire must then also refuse a free key while anyone waits.
+   * `retryIn`: ms until the holder's lease ends, when `waiter` is at the head.
+   */
+  acquireQueued?(input: {
+    key: string;
+    token: string;
+    ttl: number;
+    waiter: string;
+    lease: number;
+    fenced: boolean;
+  }): Promise<{ granted: true; fence?: number } | { granted: false; retryIn?: number }>;
+  /** Removes `waiter` from the key's queue (it gave up); wakes the new head of a free key. */
+  leaveQueue?(input: { key: string; waiter: string }): Promise<void>;
+  /**
+   * Called once with `wake`: call `wake(waiter)` when that waiter should try now (the key it
+   * waits for was released while it is the head). A missed call costs a re-check, not a lock.
+   */
+  watchQueue?(wake: (waiter: string) => void): void;
 }
 
 export interface DelayInput {

@@ -3,7 +3,7 @@ import { after, describe, it } from 'node:test';
 import { runLockAdapterContract } from 'locco-rs/testing';
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { registerContractForTest } from './support/contract-internal.mjs';
-import { MapAdapter, UnfencedMapAdapter, brokenAdapters } from './support/map-adapter.mjs';
+import { MapAdapter, QueuedMapAdapter, UnfencedMapAdapter, brokenAdapters } from './support/map-adapter.mjs';
 import { runCollected } from './support/collect.mjs';
 import { RedisAdapter } from 'locco-rs/redis';
 import { PostgresAdapter } from 'locco-rs/postgres';
@@ -34,6 +34,7 @@ runLockAdapterContract(`MongoAdapter (${mongo.name})`, () => {
   const adapter = new MongoAdapter({ url: mongo.url, dbName: 'contract' });
   return { adapter, cleanup: () => adapter.close() };
 });
+runLockAdapterContract('QueuedMapAdapter (reference with the queue methods)', () => ({ adapter: new QueuedMapAdapter() }));
 runLockAdapterContract('MapAdapter without fencing', () => ({ adapter: new UnfencedMapAdapter() }));
 
 describe('the contract suite can fail', { concurrency: true }, () => {

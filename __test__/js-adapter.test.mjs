@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { BackendError, Locker } from 'locco-rs';
-import { MapAdapter } from './support/map-adapter.mjs';
+import { BackendError, Locker, ValidationError } from 'locco-rs';
+import { MapAdapter, QueuedMapAdapter } from './support/map-adapter.mjs';
 import { sleep, until } from './support/adapters.mjs';
 
 class Oops {}
@@ -81,5 +81,60 @@ describe('an adapter written in JavaScript', () => {
     const b = await locker.acquire('f', { ttl: 1000 });
     assert.ok(b.fence > a.fence);
     await sleep(1);
+  });
+});
+
+describe('a JavaScript adapter with the queue methods', () => {
+  it('hands a key over in request order, by its push, not the retry delay', async () => {
+    const adapter = new QueuedMapAdapter();
+    const [a, b] = [new Locker({ adapter }), new Locker({ adapter })];
+    const retry = { retries: Infinity, delay: 5000, timeout: 20_000 };
+    const held = await a.acquire('k', { ttl: 10_000 });
+    const order = [];
+    const waits = [b, a, b].map((locker, i) =>
+      locker.acquire('k', { ttl: 10_000, retry }).then(async (lock) => {
+        order.push(i);
+        await new Promise((r) => setTimeout(r, 5));
+        await lock.release();
+      }),
+    );
+    await new Promise((r) => setTimeout(r, 50));
+    assert.equal(await a.tryAcquire('k', { ttl: 1000 }), null);
+    const started = performance.now();
+    await held.release();
+    await Promise.all(waits);
+    assert.deepEqual(order, [0, 1, 2]);
+    assert.ok(performance.now() - started < 2000, 'pushed: far less than one 5 s delay');
+  });
+
+  it('an aborted waiter leaves the queue at once', async () => {
+    const adapter = new QueuedMapAdapter();
+    const locker = new Locker({ adapter });
+    const held = await locker.acquire('k', { ttl: 10_000 });
+    const ac = new AbortController();
+    const gone = locker.acquire('k', { ttl: 1000, signal: ac.signal, retry: { retries: Infinity } }).catch((e) => e);
+    await new Promise((r) => setTimeout(r, 20));
+    assert.equal(adapter.queues.get('k').length, 1);
+    ac.abort();
+    await gone;
+    await new Promise((r) => setTimeout(r, 20));
+    assert.equal(adapter.queues.get('k').length, 0);
+    await held.release();
+  });
+
+  it('refuses an adapter with only some of the queue methods, naming what is missing', () => {
+    const adapter = new MapAdapter();
+    adapter.acquireQueued = async () => ({ granted: true });
+    assert.throws(
+      () => new Locker({ adapter }),
+      (e) => e instanceof ValidationError && e.field === 'adapter' && /leaveQueue/.test(e.message) && /watchQueue/.test(e.message),
+    );
+  });
+
+  it('an answer outside the protocol is an error of the adapter, not a grant', async () => {
+    const adapter = new QueuedMapAdapter();
+    adapter.acquireQueued = async () => ({ granted: 'yes' });
+    const locker = new Locker({ adapter });
+    await assert.rejects(locker.acquire('k', { ttl: 1000 }), /acquireQueued .* answered no \{ granted \}/);
   });
 });

@@ -1,6 +1,6 @@
 'use strict';
 
-const { native, answer, nextOpId, registerClock, jsAdapterId, own, ADAPTER_METHODS } = require('./native.js');
+const { native, answer, nextOpId, registerClock, jsAdapterId, own, ADAPTER_METHODS, QUEUE_METHODS } = require('./native.js');
 const { validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
 
@@ -78,14 +78,14 @@ class InMemoryAdapter extends NativeAdapter {
 }
 
 /**
- * The engine's view of `adapter`: `[id]` for a built-in adapter, `[id, fenced]` for one
- * written in JavaScript (`fenced`: it has acquireFenced).
+ * The engine's view of `adapter`: `[id]` for a built-in adapter, `[id, fenced, queued]` for
+ * one written in JavaScript (`fenced`: it has acquireFenced; `queued`: the queue methods).
  */
 function adapterRef(adapter) {
   if (adapter === null || typeof adapter !== 'object') {
     throw validation('adapter', 'is required: pass an adapter such as new InMemoryAdapter()');
   }
-  if (adapter[NATIVE_ID] !== undefined) return [adapter[NATIVE_ID], undefined];
+  if (adapter[NATIVE_ID] !== undefined) return [adapter[NATIVE_ID], undefined, undefined];
   for (const name of ADAPTER_METHODS.slice(0, 4)) {
     if (typeof adapter[name] !== 'function') {
       throw validation(
@@ -98,7 +98,12 @@ function adapterRef(adapter) {
   if (adapter.acquireFenced !== undefined && typeof adapter.acquireFenced !== 'function') {
     throw validation('adapter', 'acquireFenced, when present, must be a function');
   }
-  return [jsAdapterId(adapter), typeof adapter.acquireFenced === 'function'];
+  const queue = QUEUE_METHODS.filter((name) => typeof adapter[name] === 'function');
+  if (queue.length > 0 && queue.length < QUEUE_METHODS.length) {
+    const missing = QUEUE_METHODS.filter((name) => !queue.includes(name));
+    throw validation('adapter', `has ${queue.join(' and ')} but not ${missing.join(' or ')}: a queueing adapter has all of ${QUEUE_METHODS.join(', ')}`);
+  }
+  return [jsAdapterId(adapter), typeof adapter.acquireFenced === 'function', queue.length > 0];
 }
 
 module.exports = { NativeAdapter, InMemoryAdapter, adapterRef, bindNative, NATIVE_ID };

@@ -120,6 +120,79 @@ function registerContract(name, factory, { describe, it, beforeEach, afterEach }
       check((await adapter.acquireFenced({ key, token: b, ttl: 10_000 })) === null, 'null while held');
       check((await adapter.acquire({ key, token: b, ttl: 10_000 })) === false, 'a fenced grant holds the key');
     });
+
+    const queued = (title, fn) =>
+      it(title, async (ctx) => {
+        if (typeof adapter.acquireQueued !== 'function') {
+          if (ctx && typeof ctx.skip === 'function') ctx.skip('no queue methods');
+          return;
+        }
+        await fn();
+      });
+    const ask = (waiter, t = token(), extra = {}) =>
+      adapter.acquireQueued({ key, token: t, ttl: 10_000, waiter, lease: 3000, fenced: false, ...extra });
+
+    queued('acquireQueued grants a free key with nobody waiting, and queues behind a holder', async () => {
+      const first = await ask('w1');
+      check(first && first.granted === true, 'a free key is granted');
+      const second = await ask('w2');
+      check(second && second.granted === false, 'a held key is not');
+      check(second.retryIn === undefined || (second.retryIn >= 0 && second.retryIn <= 10_000), `retryIn at the head is the holder's lease left, got ${second.retryIn}`);
+    });
+
+    queued('a free key goes to the head of its queue only, and a plain acquire waits its turn', async () => {
+      const holder = token();
+      await ask('h', holder);
+      check((await ask('w1')).granted === false, 'w1 queued');
+      check((await ask('w2')).granted === false, 'w2 queued');
+      check((await adapter.release({ key, token: holder })) === true, 'released');
+      check((await adapter.acquire({ key, token: token(), ttl: 10_000 })) === false, 'a plain acquire does not take a key promised to a waiter');
+      check((await ask('w2')).granted === false, 'w2 is not the head');
+      const w1 = token();
+      check((await ask('w1', w1)).granted === true, 'the head takes it');
+      check((await adapter.isHeld({ key, token: w1 })) === true, 'and holds it');
+      await adapter.release({ key, token: w1 });
+      check((await ask('w2')).granted === true, 'then the next');
+    });
+
+    queued('leaveQueue passes the turn on, and a place ends with its lease', async () => {
+      const holder = token();
+      await ask('h', holder);
+      await ask('gone');
+      await ask('short', token(), { lease: 200 });
+      await ask('next');
+      await adapter.leaveQueue({ key, waiter: 'gone' });
+      await adapter.release({ key, token: holder });
+      await sleep(400);
+      check((await ask('next')).granted === true, 'a waiter that left, and a place whose lease ran out, hold nobody up');
+    });
+
+    queued('watchQueue is told the head of a released key', async () => {
+      const holder = token();
+      await ask('h', holder);
+      await ask('head');
+      await ask('second');
+      const woken = [];
+      const seen = new Promise((resolve) => {
+        adapter.watchQueue((w) => {
+          woken.push(w);
+          resolve();
+        });
+      });
+      await adapter.release({ key, token: holder });
+      await Promise.race([seen, sleep(2000)]);
+      check(woken[0] === 'head', `the head was woken, got ${JSON.stringify(woken)}`);
+    });
+
+    queued('acquireQueued with fenced takes a fencing token that grows', async () => {
+      if (typeof adapter.acquireFenced !== 'function') return;
+      const a = token();
+      const one = await ask('f1', a, { fenced: true });
+      check(one.granted === true && Number.isSafeInteger(one.fence) && one.fence > 0, `a fence, got ${JSON.stringify(one)}`);
+      await adapter.release({ key, token: a });
+      const two = await ask('f2', token(), { fenced: true });
+      check(two.fence > one.fence, 'fences grow');
+    });
   });
 }
 

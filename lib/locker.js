@@ -326,7 +326,7 @@ class Locker {
     if (!isObject(options)) throw validation('options', 'must be an object with an adapter');
     refuseUnknown('', options, LOCKER_OPTIONS);
     drainReleased();
-    const [adapter, jsFenced] = adapterRef(options.adapter);
+    const [adapter, jsFenced, jsQueued] = adapterRef(options.adapter);
     const keyPrefix = options.keyPrefix ?? '';
     if (typeof keyPrefix !== 'string') throw validation('keyPrefix', 'must be a string');
     const onEvent = optionalFunction('onEvent', options.onEvent);
@@ -339,6 +339,7 @@ class Locker {
       native.createLocker({
         adapterId: adapter,
         jsFenced,
+        jsQueued,
         keyPrefix,
         fencing: options.fencing === true,
         retry: retrySpec('retry', options.retry),

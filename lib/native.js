@@ -23,6 +23,33 @@ let nextClock = 1;
 let nextAdapter = 1;
 
 const ADAPTER_METHODS = ['acquire', 'release', 'extend', 'isHeld', 'acquireFenced'];
+/** The optional queue methods of an adapter written in JavaScript: all three, or none. */
+const QUEUE_METHODS = ['acquireQueued', 'leaveQueue', 'watchQueue'];
+// Engine method numbers: 5 acquireQueued, 6 acquireQueued with fencing, 7 leaveQueue.
+const QUEUE_METHODS_FROM = 5;
+
+/**
+ * Calls a queue method and checks its answer, passed to the engine as: true granted, a fence
+ * granted, false waiting, -(retryIn + 1) waiting with a hint.
+ */
+async function queueCall(adapter, method, { key, token, ttl, waiter, lease }) {
+  if (method === 7) {
+    await adapter.leaveQueue({ key, waiter });
+    return null;
+  }
+  const fenced = method === 6;
+  const answer = await adapter.acquireQueued({ key, token, ttl, waiter, lease, fenced });
+  const wrong = (what) => new TypeError(`acquireQueued of ${JSON.stringify(key)} answered ${what}: it answers { granted: true${fenced ? ', fence' : ''} } or { granted: false, retryIn? }`);
+  if (answer === null || typeof answer !== 'object' || typeof answer.granted !== 'boolean') throw wrong('no { granted }');
+  if (answer.granted) {
+    if (!fenced) return true;
+    if (!Number.isSafeInteger(answer.fence) || answer.fence < 1) throw wrong(`fence ${answer.fence}`);
+    return answer.fence;
+  }
+  if (answer.retryIn === undefined) return false;
+  if (!(Number.isFinite(answer.retryIn) && answer.retryIn >= 0)) throw wrong(`retryIn ${answer.retryIn}`);
+  return -(answer.retryIn + 1);
+}
 const ABORTED = Symbol('aborted');
 
 function makeError(d) {
@@ -179,8 +206,12 @@ const hub = {
     const handler = lossHandlers.get(lockId);
     if (handler !== undefined) later([handler, reason, cause]);
   },
-  callAdapter(adapterId, method, key, token, ttl, opId) {
+  callAdapter(adapterId, method, key, token, ttl, waiter, lease, opId) {
     const adapter = adapters.get(adapterId);
+    if (method >= QUEUE_METHODS_FROM) {
+      callHost((x) => queueCall(adapter, method, x), { key, token, ttl, waiter, lease }, opId);
+      return;
+    }
     const name = ADAPTER_METHODS[method];
     const arg = ttl === undefined ? { key, token } : { key, token, ttl };
     callHost((x) => adapter[name](x), arg, opId);
@@ -262,6 +293,12 @@ function jsAdapterId(adapter) {
     id = nextAdapter++;
     adapters.set(id, adapter);
     jsAdapterIds.set(adapter, id);
+    // Once per adapter object: its pushes reach whichever Lockers use it then.
+    if (typeof adapter.watchQueue === 'function') {
+      adapter.watchQueue((waiter) => {
+        if (typeof waiter === 'string') native.adapterWake(id, waiter);
+      });
+    }
   }
   return id;
 }
@@ -300,4 +337,5 @@ module.exports = {
   runLater,
   ABORTED,
   ADAPTER_METHODS,
+  QUEUE_METHODS,
 };

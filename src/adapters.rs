@@ -56,6 +56,13 @@ pub fn memory_clear(adapter_id: f64) {
     crate::executor::drain();
 }
 
+/// A push from a JavaScript adapter's `watchQueue`: its waiter `waiter` may try now.
+#[napi(catch_unwind)]
+pub fn adapter_wake(adapter_id: f64, waiter: String) {
+    js_adapter_wake(adapter_id, &waiter);
+    crate::executor::drain();
+}
+
 /// A Redis adapter, as the facade describes it (times in ms; unset: the engine's defaults).
 #[napi(object, object_to_js = false)]
 pub struct RedisSpec {

@@ -45,12 +45,19 @@ pub const RELEASE: f64 = 1.0;
 pub const EXTEND: f64 = 2.0;
 pub const IS_HELD: f64 = 3.0;
 pub const ACQUIRE_FENCED: f64 = 4.0;
+pub const ACQUIRE_QUEUED: f64 = 5.0;
+pub const ACQUIRE_QUEUED_FENCED: f64 = 6.0;
+pub const LEAVE_QUEUE: f64 = 7.0;
 
 /// An adapter written in JavaScript. What it throws comes back as `Error::Foreign`.
 pub struct JsBackend {
     /// The facade's id for the adapter object.
     pub id: f64,
     pub fenced: bool,
+    /// It has the queue methods (acquireQueued, leaveQueue, watchQueue); its pushes arrive
+    /// through `adapterWake` and land here.
+    pub queued: bool,
+    pub board: locco_core::WakeBoard,
 }
 
 impl Drop for JsBackend {
@@ -65,13 +72,31 @@ fn protocol(what: &str) -> Error {
 
 impl JsBackend {
     fn call(&self, method: f64, key: &str, token: &str, ttl: Option<u32>) -> Op<HostValue> {
+        self.call_queued(method, key, token, ttl, None)
+    }
+
+    /// `queue`: the waiter and its place's lease, for the queue methods.
+    fn call_queued(
+        &self,
+        method: f64,
+        key: &str,
+        token: &str,
+        ttl: Option<u32>,
+        queue: Option<(&str, u32)>,
+    ) -> Op<HostValue> {
         let ttl = ttl.map_or_else(hub::undefined, |t| hub::num(t as f64));
+        let (waiter, lease) = match queue {
+            Some((w, l)) => (hub::string(w), hub::num(l as f64)),
+            None => (hub::undefined(), hub::undefined()),
+        };
         let args = vec![
             hub::num(self.id),
             hub::num(method),
             hub::string(key),
             hub::string(token),
             ttl,
+            waiter,
+            lease,
         ];
         call_host(Fn_::CallAdapter, args)
     }
@@ -108,6 +133,9 @@ impl Backend for JsBackend {
     fn supports_fencing(&self) -> bool {
         self.fenced
     }
+    fn queue(&self) -> Option<&dyn locco_core::Queue> {
+        self.queued.then_some(self as &dyn locco_core::Queue)
+    }
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
         let op = self.call(ACQUIRE_FENCED, key, token, Some(ttl));
         Op::pending(async move {
@@ -123,6 +151,49 @@ impl Backend for JsBackend {
                 )),
             }
         })
+    }
+}
+
+/// The facade checks the adapter's answer and passes it on as: `true` granted, a positive
+/// integer granted with that fence, `false` waiting, a negative number waiting with a hint
+/// (`-(retryIn + 1)`).
+impl locco_core::Queue for JsBackend {
+    fn acquire_queued(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+        fenced: bool,
+    ) -> Op<locco_core::Queued> {
+        use locco_core::Queued;
+        let method = if fenced {
+            ACQUIRE_QUEUED_FENCED
+        } else {
+            ACQUIRE_QUEUED
+        };
+        let op = self.call_queued(method, key, token, Some(ttl), Some((waiter, lease)));
+        Op::pending(async move {
+            match op.await? {
+                HostValue::Bool(true) => Ok(Queued::Granted(None)),
+                HostValue::Bool(false) => Ok(Queued::Waiting { retry_in: None }),
+                HostValue::Number(n) if n >= 1.0 => Ok(Queued::Granted(Some(n as u64))),
+                HostValue::Number(n) if n < 0.0 => Ok(Queued::Waiting {
+                    retry_in: Some(-n - 1.0),
+                }),
+                _ => Err(protocol("acquireQueued answered something unexpected")),
+            }
+        })
+    }
+
+    fn leave(&self, key: &str, waiter: &str) -> Op<()> {
+        let op = self.call_queued(LEAVE_QUEUE, key, "", None, Some((waiter, 0)));
+        Op::pending(async move { op.await.map(drop) })
+    }
+
+    fn wakeups(&self, _key: &str, waiter: &str) -> Box<dyn locco_core::Waiter> {
+        self.board.listen(waiter)
     }
 }
 

@@ -70,6 +70,8 @@ pub struct LockerSpec {
     pub adapter_id: f64,
     /// For an adapter written in JavaScript: whether it has acquireFenced.
     pub js_fenced: Option<bool>,
+    /// For an adapter written in JavaScript: whether it has the queue methods.
+    pub js_queued: Option<bool>,
     pub key_prefix: Key,
     pub fencing: bool,
     pub retry: Option<RetrySpec>,
@@ -105,6 +107,7 @@ pub fn create_locker(spec: LockerSpec) -> Raw {
     let LockerSpec {
         adapter_id,
         js_fenced,
+        js_queued,
         key_prefix,
         fencing,
         retry,
@@ -116,7 +119,9 @@ pub fn create_locker(spec: LockerSpec) -> Raw {
         // First, so that a delay function it names is taken even if a later check fails.
         let retry = retry_layer(retry)?;
         let backend = match js_fenced {
-            Some(fenced) => js_adapter(adapter_id, fenced) as Rc<dyn Backend>,
+            Some(fenced) => {
+                js_adapter(adapter_id, fenced, js_queued == Some(true)) as Rc<dyn Backend>
+            }
             None => adapter(adapter_id)?,
         };
         let key_prefix = key_prefix.get("keyPrefix")?;

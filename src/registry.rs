@@ -83,16 +83,32 @@ pub(crate) fn adapter(id: f64) -> Result<Rc<dyn Backend>, Error> {
 /// The adapter written in JavaScript that the facade keeps under `id`: the one Lockers over
 /// it share (so they wake each other's waiters), or a new one when none is alive. When the
 /// last Locker over it goes, the facade hears of it (`host::released`) and forgets the object.
-pub(crate) fn js_adapter(id: f64, fenced: bool) -> Rc<LocalWakeups<JsBackend>> {
+pub(crate) fn js_adapter(id: f64, fenced: bool, queued: bool) -> Rc<LocalWakeups<JsBackend>> {
     REG.with(|r| {
         let mut r = r.borrow_mut();
         if let Some(live) = r.js_adapters.get(&(id as u64)).and_then(Weak::upgrade) {
             return live;
         }
-        let backend = Rc::new(LocalWakeups::new(JsBackend { id, fenced }));
+        let backend = Rc::new(LocalWakeups::new(JsBackend {
+            id,
+            fenced,
+            queued,
+            board: Default::default(),
+        }));
         r.js_adapters.retain(|_, w| w.strong_count() > 0);
         r.js_adapters.insert(id as u64, Rc::downgrade(&backend));
         backend
+    })
+}
+
+/// Tells a waiter of the JavaScript adapter `id` that it may try now (its `watchQueue`
+/// callback). Nothing happens when no Locker uses the adapter.
+pub(crate) fn js_adapter_wake(id: f64, waiter: &str) {
+    REG.with(|r| {
+        let r = r.borrow();
+        if let Some(live) = r.js_adapters.get(&(id as u64)).and_then(Weak::upgrade) {
+            live.inner().board.wake(waiter);
+        }
     })
 }
 

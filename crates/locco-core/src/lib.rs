@@ -20,6 +20,7 @@ pub use backend::postgres;
 pub use backend::redis;
 
 pub use backend::memory::MemoryBackend;
+pub use backend::queue::WakeBoard;
 pub use backend::waiters::{LocalWaiters, LocalWakeups};
 pub use backend::{Backend, Coordination, Op, Queue, Queued, Waiter};
 pub use engine::clock::{

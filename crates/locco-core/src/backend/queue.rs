@@ -56,7 +56,7 @@ pub trait Queue {
 /// The waiters of this process that listen for pushes, by waiter id. Thread-safe, because a
 /// network backend hears its pushes on the I/O thread.
 #[derive(Clone, Default)]
-pub(crate) struct WakeBoard(Arc<Mutex<Board>>);
+pub struct WakeBoard(Arc<Mutex<Board>>);
 
 #[derive(Default)]
 struct Board {

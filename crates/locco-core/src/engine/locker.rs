@@ -221,7 +221,7 @@ impl Locker {
         // answered any attempt, which makes giving up a timeout rather than contention.
         let mut answered: Option<HeldReason> = None;
         // The failure of the last attempt, when a queued waiter went on after it.
-        let mut failed: Option<Error> = None;
+        let mut failed: Option<Error>;
         // The token source is asked once, when the acquisition starts (a source may depend on
         // what runs then, as MutexManager's does). An attempt answered "held" left nothing
         // under its token, so the next attempt sends it again; after any other miss (late,
