@@ -842,6 +842,9 @@ impl Queue for RedisBackend {
         lease: u32,
         fenced: bool,
     ) -> Op<Queued> {
+        let inner = &self.inner;
+        let channel = || format!("locco:wake:{}", inner.channel);
+        inner.pushes.start(|| inner.pubsub_clients(), channel);
         let place = self.place(waiter);
         let lease = lease.max(MIN_PLACE_LEASE_MS);
         self.grant_as(
@@ -875,12 +878,7 @@ impl Queue for RedisBackend {
     }
 
     fn wakeups(&self, _key: &str, waiter: &str) -> Box<dyn Waiter> {
-        let inner = &self.inner;
-        inner.pushes.listen(
-            waiter,
-            || inner.pubsub_clients(),
-            format!("locco:wake:{}", inner.channel),
-        )
+        self.inner.pushes.listen(waiter)
     }
 }
 

@@ -2,11 +2,13 @@
 //! adapter's own channel. A release publishes to the channel of the queue's head only, so a
 //! push costs one message to one process, and only when someone waits.
 //!
+//! The subscription starts with the adapter's first queued attempt, before that attempt can
+//! be answered "wait", so the first waiter does not miss its first push.
+//!
 //! A push only says "try now". One that is lost (a dropped connection, a failover, or one sent
 //! in the moment before the first subscription took effect) is covered by the waiters'
 //! re-checks; after a subscription dropped, every waiter re-checks at once when it is back.
-//! (Not after the first: its window is one round trip, and a wake-up nobody lost would cost
-//! every waiter one of its retries.)
+//! (Not after the first: a wake-up nobody lost would cost every waiter one of its retries.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -30,19 +32,23 @@ pub(super) struct Pushes {
 }
 
 impl Pushes {
-    /// Starts listening for `waiter`; the subscription starts with the first waiter.
-    pub fn listen(
-        &self,
-        waiter: &str,
-        clients: impl FnOnce() -> Vec<Client>,
-        channel: String,
-    ) -> Box<dyn Waiter> {
-        let listener = self.board.listen(waiter);
+    /// Subscribes, once: with the adapter's first queued attempt, so that the subscription is
+    /// in place by the time that caller (or a later one) waits.
+    pub fn start(&self, clients: impl FnOnce() -> Vec<Client>, channel: impl FnOnce() -> String) {
         if !self.started.swap(true, Ordering::AcqRel) {
             let (board, stop) = (self.board.clone(), self.stop.clone());
-            runtime().spawn(subscribe(clients(), channel, board, Arc::downgrade(&stop)));
+            runtime().spawn(subscribe(
+                clients(),
+                channel(),
+                board,
+                Arc::downgrade(&stop),
+            ));
         }
-        listener
+    }
+
+    /// Where `waiter` hears its pushes.
+    pub fn listen(&self, waiter: &str) -> Box<dyn Waiter> {
+        self.board.listen(waiter)
     }
 
     pub fn close(&self) {
