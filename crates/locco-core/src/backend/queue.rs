@@ -154,3 +154,30 @@ impl Drop for Listener {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::FutureExt;
+
+    #[test]
+    fn a_push_that_overtakes_its_waiter_is_kept_for_it() {
+        let board = WakeBoard::default();
+        board.wake("early");
+        let mut early = board.listen("early");
+        assert!(early.released().now_or_never().is_some());
+        let mut other = board.listen("other");
+        assert!(other.released().now_or_never().is_none(), "a push is for its waiter only");
+        board.wake("other");
+        assert!(other.released().now_or_never().is_some());
+        assert!(other.released().now_or_never().is_none(), "one push, one wake");
+    }
+
+    #[test]
+    fn a_waiter_that_stopped_listening_is_forgotten() {
+        let board = WakeBoard::default();
+        drop(board.listen("gone"));
+        board.wake_all();
+        assert!(board.0.lock().unwrap().listening.is_empty());
+    }
+}
