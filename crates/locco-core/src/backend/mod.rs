@@ -9,6 +9,8 @@ pub(crate) mod memory;
 pub mod mongo;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "postgres")]
+mod postgres_queue;
 pub(crate) mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -6,6 +6,11 @@
 //! stops waiting for (its budget ran out, say, behind another transaction's row lock) is
 //! cancelled on the server and its connection closed, never pooled again; a statement timeout
 //! on every connection bounds what no cancel reaches.
+//!
+//! Waiters take turns in `<table>_waiters` (see [`super::postgres_queue`]): a release notifies
+//! the head of the key's queue, and a try is refused while anyone waits. Without that table
+//! (`createTable: false` and a migration that made or granted only the lock table) the
+//! backend works as before, without the queue: waiters poll and race for a free key.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,13 +21,16 @@ use deadpool_postgres::{
 use tokio_postgres::error::SqlState;
 
 use crate::backend::io::{self, redact, Failure, OnAbandon};
-use crate::backend::{Backend, Op};
+use crate::backend::postgres_queue::{waiters_ddl, Connect, FairStatements, Pushes};
+use crate::backend::{Backend, Op, Queue, Queued, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 /// The longest identifier PostgreSQL keeps.
 const MAX_IDENTIFIER_BYTES: usize = 63;
 /// `<table>_fence` must fit in an identifier too.
 const MAX_FENCED_TABLE_CHARS: usize = MAX_IDENTIFIER_BYTES - "_fence".len();
+/// And `<table>_waiters`, or the table keeps no queue.
+const MAX_QUEUED_TABLE_CHARS: usize = MAX_IDENTIFIER_BYTES - "_waiters".len();
 
 /// How to reach PostgreSQL and where the locks live.
 #[derive(Debug, Clone)]
@@ -74,11 +82,14 @@ impl PostgresOptions {
     }
 }
 
-/// A checked table name, quoted part by part, and its sequence.
+/// A checked table name, quoted part by part, its sequence and its waiter table.
 #[derive(Debug, Clone)]
 struct Names {
     table: String,
     sequence: String,
+    /// `None` when `<table>_waiters` would not fit in an identifier (the server would cut it
+    /// short, and two tables could then share one queue).
+    waiters: Option<String>,
     /// The table name without quotes, for messages and `to_regclass`.
     plain: String,
     fence_ok: Result<(), String>,
@@ -118,13 +129,15 @@ fn names(table_name: &str) -> Result<Names, Error> {
     let table_part = parts[parts.len() - 1];
     let quote = |p: &str| format!("\"{p}\"");
     let table = parts.iter().map(|p| quote(p)).collect::<Vec<_>>().join(".");
-    let mut seq_parts: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
-    *seq_parts.last_mut().expect("one part at least") = format!("{table_part}_fence");
-    let sequence = seq_parts
-        .iter()
-        .map(|p| quote(p))
-        .collect::<Vec<_>>()
-        .join(".");
+    // The same schema, another name.
+    let beside = |suffix: &str| {
+        let mut named: Vec<String> = parts.iter().map(|p| quote(p)).collect();
+        *named.last_mut().expect("one part at least") = quote(&format!("{table_part}{suffix}"));
+        named.join(".")
+    };
+    let sequence = beside("_fence");
+    let waiters =
+        (table_part.chars().count() <= MAX_QUEUED_TABLE_CHARS).then(|| beside("_waiters"));
     let fence_ok = if table_part.chars().count() > MAX_FENCED_TABLE_CHARS {
         Err(format!(
             "{table_part:?} is longer than {MAX_FENCED_TABLE_CHARS} characters, so its fence \
@@ -136,23 +149,31 @@ fn names(table_name: &str) -> Result<Names, Error> {
     Ok(Names {
         table,
         sequence,
+        waiters,
         plain: table_name.to_string(),
         fence_ok,
     })
 }
 
-/// The statements that create the lock table and its fence sequence, for a migration. They
-/// run through the simple query protocol as one string.
+/// The statements that create the lock table, its fence sequence and its waiter table, for a
+/// migration. They run through the simple query protocol as one string.
 pub fn locks_ddl(table_name: &str) -> Result<String, Error> {
     let n = names(table_name)?;
-    Ok(format!(
+    let mut ddl = format!(
         "CREATE TABLE IF NOT EXISTS {t} (key text PRIMARY KEY, token text NOT NULL, expires_at timestamptz NOT NULL);\n\
          CREATE SEQUENCE IF NOT EXISTS {s};",
         t = n.table,
         s = n.sequence
-    ))
+    );
+    if let Some(w) = &n.waiters {
+        ddl.push('\n');
+        ddl.push_str(&waiters_ddl(w));
+    }
+    Ok(ddl)
 }
 
+/// The statements of one table. `acquire` … `sweep` serve a table without a waiter table;
+/// `fair` replaces them when it has one.
 struct Statements {
     acquire: String,
     acquire_fenced: String,
@@ -160,11 +181,13 @@ struct Statements {
     extend: String,
     is_held: String,
     sweep: String,
+    fair: Option<FairStatements>,
 }
 
 impl Statements {
     fn new(n: &Names) -> Self {
         let t = &n.table;
+        let fence = format!("nextval('{}')", n.sequence.replace('\'', "''"));
         let grant = |returning: &str| {
             format!(
                 "INSERT INTO {t} AS l (key, token, expires_at) \
@@ -175,7 +198,7 @@ impl Statements {
         };
         Statements {
             acquire: grant("1::int8"),
-            acquire_fenced: grant(&format!("nextval('{}')", n.sequence.replace('\'', "''"))),
+            acquire_fenced: grant(&fence),
             release: format!(
                 "DELETE FROM {t} WHERE key = $1 AND token = $2 RETURNING expires_at > clock_timestamp()"
             ),
@@ -187,6 +210,7 @@ impl Statements {
                 "SELECT 1 FROM {t} WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()"
             ),
             sweep: format!("DELETE FROM {t} WHERE expires_at <= clock_timestamp()"),
+            fair: n.waiters.as_ref().map(|w| FairStatements::new(t, w, &fence)),
         }
     }
 }
@@ -199,10 +223,12 @@ struct Inner {
     /// The connections' TLS set-up, which a cancel request must use too.
     tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
     secrets: Vec<String>,
-    /// The table (and, once fencing is used, the sequence) has been made or checked.
-    table_ready: tokio::sync::OnceCell<()>,
+    /// The table (and, once fencing is used, the sequence) has been made or checked; with
+    /// whether its waiter table is there for us to use.
+    table_ready: tokio::sync::OnceCell<bool>,
     sequence_ready: tokio::sync::OnceCell<()>,
     closed: std::sync::atomic::AtomicBool,
+    pushes: Pushes,
 }
 
 /// Locks in a PostgreSQL table.
@@ -352,7 +378,7 @@ impl PostgresBackend {
         };
         let (manager, tls) = match verify {
             None if options.tls_ca.is_none() => (
-                Manager::from_config(config, tokio_postgres::NoTls, manager_config),
+                Manager::from_config(config.clone(), tokio_postgres::NoTls, manager_config),
                 None,
             ),
             _ => {
@@ -360,7 +386,7 @@ impl PostgresBackend {
                 let tls = tls_config(verify.unwrap_or(true), options.tls_ca.as_deref())?;
                 let connector = tokio_postgres_rustls::MakeRustlsConnect::new(tls);
                 (
-                    Manager::from_config(config, connector.clone(), manager_config),
+                    Manager::from_config(config.clone(), connector.clone(), manager_config),
                     Some(connector),
                 )
             }
@@ -388,6 +414,10 @@ impl PostgresBackend {
             .build()
             .map_err(|e| Error::validation("poolSize", e.to_string()))?;
         let sql = Statements::new(&names);
+        let pushes = Pushes::new(Connect {
+            config,
+            tls: tls.clone(),
+        });
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
                 options,
@@ -399,6 +429,7 @@ impl PostgresBackend {
                 table_ready: tokio::sync::OnceCell::new(),
                 sequence_ready: tokio::sync::OnceCell::new(),
                 closed: Default::default(),
+                pushes,
             }),
         })
     }
@@ -409,14 +440,16 @@ impl PostgresBackend {
             .closed
             .store(true, std::sync::atomic::Ordering::Release);
         self.inner.pool.close();
+        self.inner.pushes.close();
     }
 
     /// Deletes expired rows; answers how many.
     pub fn sweep_expired(&self) -> Op<u64> {
         self.run(|inner, abandon| async move {
             let client = inner.client(&abandon).await?;
-            inner.ready(&client).await?;
-            let delete = client.execute(&inner.sql.sweep, &[]);
+            let fair = inner.ready(&client).await?;
+            let sweep = inner.sql.fair(fair).map_or(&inner.sql.sweep, |f| &f.sweep);
+            let delete = client.execute(sweep, &[]);
             let (answer, discard) = inner.cancellable(&client, &abandon, delete).await;
             if discard {
                 drop(deadpool_postgres::Object::take(client));
@@ -433,41 +466,65 @@ impl PostgresBackend {
         io::run("postgres", move |abandon| work(inner, abandon))
     }
 
+    /// One statement on one key. `query` picks it, knowing whether the table has a usable
+    /// waiter table, with how many of `params` it takes (`None`: nothing to send); `answer`
+    /// reads its rows, knowing the same.
     fn key_op<T: Send + 'static>(
         &self,
-        key: &str,
-        token: &str,
-        ttl: Option<u32>,
-        query: impl FnOnce(&Statements) -> &str + Send + 'static,
-        answer: impl FnOnce(Vec<tokio_postgres::Row>, u64) -> T + Send + 'static,
+        params: Params,
+        query: impl FnOnce(&Statements, bool) -> Option<(&String, usize)> + Send + 'static,
+        answer: impl FnOnce(Vec<tokio_postgres::Row>, bool) -> T + Send + 'static,
         fenced: bool,
     ) -> Op<T> {
-        let (key, token) = (key.to_owned(), token.to_owned());
-        let ttl = ttl.map(f64::from);
         self.run(move |inner, abandon| async move {
             let client = inner.client(&abandon).await?;
-            inner.ready(&client).await?;
+            let fair = inner.ready(&client).await?;
             if fenced {
                 inner.sequence(&client).await?;
             }
-            let sql = query(&inner.sql);
+            let Some((sql, n)) = query(&inner.sql, fair) else {
+                return Ok(answer(Vec::new(), fair));
+            };
             let statement = client
                 .prepare_cached(sql)
                 .await
                 .map_err(|e| inner.failure(e))?;
-            let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = match &ttl {
-                Some(ttl) => &[&key, &token, ttl],
-                None => &[&key, &token],
-            };
-            let query = client.query(&statement, params);
+            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                params[..n].iter().map(|p| &**p as _).collect();
+            let query = client.query(&statement, &params);
             let (rows, discard) = inner.cancellable(&client, &abandon, query).await;
             if discard {
                 drop(deadpool_postgres::Object::take(client));
             }
-            let rows = rows?;
-            let n = rows.len() as u64;
-            Ok(answer(rows, n))
+            Ok(answer(rows?, fair))
         })
+    }
+}
+
+/// A statement's parameters, `$1` first.
+type Params = Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>;
+
+fn params(key: &str, token: &str, ttl: Option<u32>) -> Params {
+    let mut p: Params = vec![Box::new(key.to_owned()), Box::new(token.to_owned())];
+    p.extend(ttl.map(|ttl| Box::new(f64::from(ttl)) as _));
+    p
+}
+
+impl Statements {
+    /// The queue's statements, when the table has a waiter table we may use.
+    fn fair(&self, usable: bool) -> Option<&FairStatements> {
+        self.fair.as_ref().filter(|_| usable)
+    }
+
+    /// A queued attempt, with its count of parameters; without a waiter table, a plain
+    /// acquire (there is no queue to join).
+    fn queued(&self, fair: bool, fenced: bool) -> (&String, usize) {
+        match (self.fair(fair), fenced) {
+            (Some(f), true) => (&f.queued_fenced, 6),
+            (Some(f), false) => (&f.queued, 6),
+            (None, true) => (&self.acquire_fenced, 3),
+            (None, false) => (&self.acquire, 3),
+        }
     }
 }
 
@@ -595,15 +652,44 @@ impl Inner {
         })
     }
 
-    /// Makes the table, or checks it once when `createTable` is off. A failed check runs
-    /// again on the next call.
-    async fn ready(&self, client: &tokio_postgres::Client) -> Result<(), Failure> {
+    /// Makes the table, or checks it once when `createTable` is off; answers whether its
+    /// waiter table is usable. A failed check runs again on the next call.
+    async fn ready(&self, client: &tokio_postgres::Client) -> Result<bool, Failure> {
         self.table_ready
             .get_or_try_init(|| async {
                 if self.options.create_table {
-                    return self.create_table(client).await;
+                    self.create_table(client).await?;
+                } else {
+                    self.check_table(client).await?;
                 }
-                let row = client
+                self.queue_usable(client).await
+            })
+            .await
+            .copied()
+    }
+
+    /// Whether the waiter table exists and this role may use it. An older migration (or one
+    /// that granted only the lock table) leaves the backend without the queue, not broken.
+    async fn queue_usable(&self, client: &tokio_postgres::Client) -> Result<bool, Failure> {
+        let Some(waiters) = &self.names.waiters else {
+            return Ok(false);
+        };
+        // One privilege per call: with a list, has_table_privilege answers whether *any* is held.
+        let row = client
+            .query_one(
+                "SELECT COALESCE((SELECT has_table_privilege(r, 'SELECT') AND has_table_privilege(r, 'INSERT') \
+                   AND has_table_privilege(r, 'UPDATE') AND has_table_privilege(r, 'DELETE') \
+                   FROM to_regclass($1) r WHERE r IS NOT NULL), false)",
+                &[waiters],
+            )
+            .await
+            .map_err(|e| self.failure(e))?;
+        Ok(row.get(0))
+    }
+
+    /// Checks a table made by a migration: it exists, with a unique key.
+    async fn check_table(&self, client: &tokio_postgres::Client) -> Result<(), Failure> {
+        let row = client
                     .query_one(
                         "SELECT to_regclass($1) IS NOT NULL, EXISTS ( \
                            SELECT 1 FROM pg_index i \
@@ -614,23 +700,20 @@ impl Inner {
                     )
                     .await
                     .map_err(|e| self.failure(e))?;
-                let (exists, unique): (bool, bool) = (row.get(0), row.get(1));
-                if !exists {
-                    return Err(validation_failure(format!(
+        let (exists, unique): (bool, bool) = (row.get(0), row.get(1));
+        if !exists {
+            return Err(validation_failure(format!(
                         "table {} does not exist; create it from postgresLocksDdl() or set createTable: true",
                         self.names.plain
                     )));
-                }
-                if !unique {
-                    return Err(validation_failure(format!(
+        }
+        if !unique {
+            return Err(validation_failure(format!(
                         "table {} has no primary key or unique index on key alone, which ON CONFLICT (key) needs",
                         self.names.plain
                     )));
-                }
-                Ok(())
-            })
-            .await
-            .map(|_| ())
+        }
+        Ok(())
     }
 
     /// Creates the table and sequence, safely when several processes start at once: two
@@ -714,27 +797,55 @@ fn config_failure(e: Error) -> Failure {
     validation_failure(e.to_string())
 }
 
+type Rows = Vec<tokio_postgres::Row>;
+
+/// One row answered: the verb applied.
+fn one(rows: Rows, _: bool) -> bool {
+    rows.len() == 1
+}
+
 impl Backend for PostgresBackend {
     fn name(&self) -> &str {
         "postgres"
     }
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
-        self.key_op(key, token, Some(ttl), |s| &s.acquire, |_, n| n == 1, false)
+        let p = params(key, token, Some(ttl));
+        self.key_op(
+            p,
+            |s, fair| Some((s.fair(fair).map_or(&s.acquire, |f| &f.acquire), 3)),
+            one,
+            false,
+        )
     }
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
-        let live =
-            |rows: Vec<tokio_postgres::Row>, _| rows.first().is_some_and(|r| r.get::<_, bool>(0));
-        self.key_op(key, token, None, |s| &s.release, live, false)
+        let live = |rows: Rows, _| rows.first().is_some_and(|r| r.get::<_, bool>(0));
+        let p = params(key, token, None);
+        self.key_op(
+            p,
+            |s, fair| Some((s.fair(fair).map_or(&s.release, |f| &f.release), 2)),
+            live,
+            false,
+        )
     }
 
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
-        self.key_op(key, token, Some(ttl), |s| &s.extend, |_, n| n == 1, false)
+        self.key_op(
+            params(key, token, Some(ttl)),
+            |s, _| Some((&s.extend, 3)),
+            one,
+            false,
+        )
     }
 
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
-        self.key_op(key, token, None, |s| &s.is_held, |_, n| n == 1, false)
+        self.key_op(
+            params(key, token, None),
+            |s, _| Some((&s.is_held, 2)),
+            one,
+            false,
+        )
     }
 
     fn supports_fencing(&self) -> bool {
@@ -745,9 +856,83 @@ impl Backend for PostgresBackend {
         if let Err(why) = &self.inner.names.fence_ok {
             return Op::ready(Err(Error::validation("tableName", why.clone())));
         }
-        let fence =
-            |rows: Vec<tokio_postgres::Row>, _| rows.first().map(|r| r.get::<_, i64>(0) as u64);
-        self.key_op(key, token, Some(ttl), |s| &s.acquire_fenced, fence, true)
+        let fence = |rows: Rows, _| rows.first().map(|r| r.get::<_, i64>(0) as u64);
+        let p = params(key, token, Some(ttl));
+        self.key_op(
+            p,
+            |s, fair| {
+                Some((
+                    s.fair(fair)
+                        .map_or(&s.acquire_fenced, |f| &f.acquire_fenced),
+                    3,
+                ))
+            },
+            fence,
+            true,
+        )
+    }
+
+    fn queue(&self) -> Option<&dyn Queue> {
+        Some(self)
+    }
+}
+
+impl Queue for PostgresBackend {
+    fn acquire_queued(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+        fenced: bool,
+    ) -> Op<Queued> {
+        if fenced {
+            if let Err(why) = &self.inner.names.fence_ok {
+                return Op::ready(Err(Error::validation("tableName", why.clone())));
+            }
+        }
+        let mut p = params(key, token, Some(ttl));
+        p.push(Box::new(waiter.to_owned()));
+        p.push(Box::new(f64::from(lease)));
+        p.push(Box::new(self.inner.pushes.channel.clone()));
+        let answer = move |rows: Rows, fair| {
+            let waiting = Queued::Waiting { retry_in: None };
+            let Some(row) = rows.first() else {
+                return waiting;
+            };
+            if fair && !row.get::<_, bool>(0) {
+                return Queued::Waiting {
+                    retry_in: row.get(2),
+                };
+            }
+            let fence: Option<i64> = row.get(usize::from(fair));
+            Queued::Granted(fence.filter(|_| fenced).map(|f| f as u64))
+        };
+        self.key_op(
+            p,
+            move |s, fair| Some(s.queued(fair, fenced)),
+            answer,
+            fenced,
+        )
+    }
+
+    fn leave(&self, key: &str, waiter: &str) -> Op<()> {
+        let p: Params = vec![Box::new(key.to_owned()), Box::new(waiter.to_owned())];
+        self.key_op(
+            p,
+            |s, fair| s.fair(fair).map(|f| (&f.leave, 2)),
+            |_, _| (),
+            false,
+        )
+    }
+
+    fn wakeups(&self, _key: &str, waiter: &str) -> Box<dyn Waiter> {
+        // Without a waiter table nobody pushes: no LISTEN connection, the waiter re-checks.
+        match self.inner.table_ready.get() {
+            Some(false) => self.inner.pushes.board.listen(waiter),
+            _ => self.inner.pushes.listen(waiter),
+        }
     }
 }
 
@@ -775,6 +960,47 @@ mod tests {
         assert_eq!(n.sequence, "\"app\".\"locco_locks_fence\"");
         assert!(names(&"x".repeat(58)).unwrap().fence_ok.is_err());
         assert!(names(&"x".repeat(57)).unwrap().fence_ok.is_ok());
+        assert_eq!(
+            n.waiters.as_deref(),
+            Some("\"app\".\"locco_locks_waiters\"")
+        );
+        assert_eq!(names(&"x".repeat(56)).unwrap().waiters, None);
+        assert!(names(&"x".repeat(55)).unwrap().waiters.is_some());
+    }
+
+    #[test]
+    fn the_ddl_makes_the_waiter_table_when_its_name_fits() {
+        let ddl = locks_ddl("app.locks").unwrap();
+        let lines: Vec<&str> = ddl.lines().collect();
+        assert_eq!(lines.len(), 3, "{ddl}");
+        assert!(lines[0].starts_with("CREATE TABLE IF NOT EXISTS \"app\".\"locks\" ("));
+        assert_eq!(
+            lines[1],
+            "CREATE SEQUENCE IF NOT EXISTS \"app\".\"locks_fence\";"
+        );
+        assert!(lines[2].starts_with("CREATE TABLE IF NOT EXISTS \"app\".\"locks_waiters\" ("));
+        let long = locks_ddl(&"x".repeat(56)).unwrap();
+        assert_eq!(
+            long.lines().count(),
+            2,
+            "no queue for a name that does not fit"
+        );
+    }
+
+    #[test]
+    fn every_verb_has_a_fair_statement_when_there_is_a_waiter_table() {
+        let s = Statements::new(&names("locks").unwrap());
+        let fair = s.fair(true).expect("a waiter table");
+        assert!(fair.release.contains("pg_notify"));
+        assert!(s.fair(false).is_none(), "unusable: the plain statements");
+        assert_eq!(s.queued(false, true), (&s.acquire_fenced, 3));
+        assert_eq!(s.queued(true, false), (&fair.queued, 6));
+        assert!(
+            !s.release.contains("waiters"),
+            "the plain release does not touch it"
+        );
+        let long = Statements::new(&names(&"x".repeat(56)).unwrap());
+        assert!(long.fair(true).is_none());
     }
 
     #[test]
