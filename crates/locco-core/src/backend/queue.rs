@@ -107,6 +107,12 @@ impl WakeBoard {
         }
     }
 
+    /// Whether no waiter listens (a network backend keeps its push channel only then).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().map_or(true, |b| b.listening.is_empty())
+    }
+
     pub fn listen(&self, waiter: &str) -> Box<dyn Waiter> {
         let slot = Arc::new(Slot::default());
         if let Ok(mut board) = self.0.lock() {
