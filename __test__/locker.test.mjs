@@ -229,7 +229,7 @@ for (const [name, makeAdapter] of ALL) {
 
     it('extend renews the lease and clamps to maxHold', async () => {
       const { locker, events } = setup();
-      const lock = await locker.acquire('k', { ttl: 200, autoExtend: { maxHold: 60_000, interval: 100 } });
+      const lock = await locker.acquire('k', { ttl: 1000, autoExtend: { maxHold: 60_000, interval: 300 } });
       await lock.extend(5000);
       assert.equal(lock.ttl, 5000);
       assert.ok(events.some((e) => e.type === 'extended'));
