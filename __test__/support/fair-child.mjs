@@ -1,6 +1,6 @@
 // A waiter in a process of its own, driven by its parent over IPC, for the fair-queue tests.
-// argv: adapter ('redis' | 'redis-cluster'), url(s) comma-separated, counter URL (a Redis
-// server for the fenced counter).
+// argv: adapter ('redis' | 'redis-cluster' | 'mongo'), url(s) comma-separated, counter URL (a
+// Redis server for the fenced counter), and for 'mongo' the database name.
 // Parent → child: { op: 'acquire', key, ttl, timeout }, { op: 'release' }.
 // Child → parent: { event: 'ready' }, { event: 'queued' } (first attempt found the key taken),
 // { event: 'granted', fence, waitedMs }, { event: 'failed', message }, { event: 'released' }.
@@ -10,11 +10,13 @@ import Redis from 'ioredis';
 import { Locker } from 'locco-rs';
 import { RedisAdapter } from 'locco-rs/redis';
 
-const [kind, urls, counterUrl] = process.argv.slice(2);
+const [kind, urls, counterUrl, dbName] = process.argv.slice(2);
 const adapter =
-  kind === 'redis-cluster'
-    ? new RedisAdapter({ urls: urls.split(','), cluster: true })
-    : new RedisAdapter({ url: urls });
+  kind === 'mongo'
+    ? new (await import('locco-rs/mongo')).MongoAdapter({ url: urls, dbName })
+    : kind === 'redis-cluster'
+      ? new RedisAdapter({ urls: urls.split(','), cluster: true })
+      : new RedisAdapter({ url: urls });
 let queued;
 const locker = new Locker({
   adapter,
