@@ -584,49 +584,41 @@ fn attempt_pipeline(
         { "$eq": [ { "$type": "$expireAt" }, "missing" ] },
         { "$lte": [ "$expireAt", "$$NOW" ] },
     ] };
-    let me = waiter.map_or("", |w| w.0);
+    let Some((me, lease)) = waiter else {
+        // A try: one stage, which never writes the queue (the next queued write drops the
+        // places that ran out), so that the uncontended grant costs what it did without one.
+        let ok = doc! { "$and": [ free.clone(), { "$eq": [ { "$size": live_places() }, 0 ] } ] };
+        return vec![doc! { "$set": {
+            "uniqueValue": { "$cond": [ ok.clone(), token, "$uniqueValue" ] },
+            "expireAt": { "$cond": [ ok.clone(), now_plus(ttl), "$expireAt" ] },
+            "grant": { "$cond": [ ok, attempt, "$grant" ] },
+        } }];
+    };
     let nobody_ahead = doc! { "$or": [
         { "$eq": [ { "$size": "$_q" }, 0 ] },
         { "$eq": [ { "$arrayElemAt": [ place_field("$_q", "w"), 0 ] }, me ] },
     ] };
     let without_me = doc! { "$filter": { "input": "$_q", "cond": { "$ne": [ "$$this.w", me ] } } };
-    let mut set = doc! {
+    let place_end = now_plus(lease);
+    // Waiting on a free key reserves it: no holder, and the document lives as long as its
+    // last place.
+    let reserve = doc! { "$and": [ { "$not": [ "$_ok" ] }, "$_f" ] };
+    let renewed = doc! { "$map": { "input": "$_q", "in": { "$cond": [
+        { "$eq": [ "$$this.w", me ] },
+        { "w": "$$this.w", "a": "$$this.a", "exp": place_end.clone() },
+        "$$this",
+    ] } } };
+    let joined = doc! { "$concatArrays": [ "$_q", [ { "w": me, "a": adapter, "exp": place_end.clone() } ] ] };
+    let set = doc! {
+        "uniqueValue": { "$cond": [ "$_ok", token, { "$cond": [ reserve.clone(), "$$REMOVE", "$uniqueValue" ] } ] },
+        "expireAt": { "$cond": [ "$_ok", now_plus(ttl), { "$cond": [ reserve,
+            { "$max": [ place_end, { "$max": place_field("$_q", "exp") } ] },
+            "$expireAt",
+        ] } ] },
         "grant": { "$cond": [ "$_ok", attempt, "$grant" ] },
+        "queue": { "$cond": [ "$_ok", without_me, { "$cond": [ "$_in", renewed, joined ] } ] },
+        "at": "$$NOW",
     };
-    match waiter {
-        None => {
-            set.insert("uniqueValue", doc! { "$cond": [ "$_ok", token, "$uniqueValue" ] });
-            set.insert("expireAt", doc! { "$cond": [ "$_ok", now_plus(ttl), "$expireAt" ] });
-            set.insert("queue", "$_q");
-        }
-        Some((me, lease)) => {
-            let place_end = now_plus(lease);
-            // Waiting on a free key reserves it: no holder, and the document lives as long as
-            // its last place.
-            let reserve = doc! { "$and": [ { "$not": [ "$_ok" ] }, "$_f" ] };
-            set.insert(
-                "uniqueValue",
-                doc! { "$cond": [ "$_ok", token, { "$cond": [ reserve.clone(), "$$REMOVE", "$uniqueValue" ] } ] },
-            );
-            set.insert(
-                "expireAt",
-                doc! { "$cond": [ "$_ok", now_plus(ttl), { "$cond": [ reserve,
-                    { "$max": [ place_end.clone(), { "$max": place_field("$_q", "exp") } ] },
-                    "$expireAt" ] } ] },
-            );
-            let renewed = doc! { "$map": { "input": "$_q", "in": { "$cond": [
-                { "$eq": [ "$$this.w", me ] },
-                { "w": "$$this.w", "a": "$$this.a", "exp": place_end.clone() },
-                "$$this",
-            ] } } };
-            let joined = doc! { "$concatArrays": [ "$_q", [ { "w": me, "a": adapter, "exp": place_end } ] ] };
-            set.insert(
-                "queue",
-                doc! { "$cond": [ "$_ok", without_me, { "$cond": [ "$_in", renewed, joined ] } ] },
-            );
-            set.insert("at", "$$NOW");
-        }
-    }
     vec![
         doc! { "$set": { "_q": live_places(), "_f": free } },
         doc! { "$set": {
@@ -873,6 +865,31 @@ async fn watch_wakes(inner: Weak<Inner>, stop: Arc<tokio::sync::Notify>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attempt_reads_its_turn_from_the_document_it_wrote() {
+        use mongodb::bson::DateTime;
+        let at = DateTime::from_millis(1_000_000);
+        let place = |w: &str| doc! { "w": w, "a": "A", "exp": DateTime::from_millis(1_003_000) };
+        // Held, we are the head: wait for the holder's lease end, nobody to wake.
+        let held = doc! {
+            "uniqueValue": "t", "expireAt": DateTime::from_millis(1_000_400), "at": at,
+            "queue": [ place("me"), place("other") ], "grant": "g",
+        };
+        let a = Attempt::of(held, "mine", Some("me"));
+        assert!(!a.granted && !a.free && a.head.is_none());
+        assert_eq!(a.retry_in, Some(400.0));
+        // Free but promised to another head: wake it, no hint for us.
+        let reserved = doc! { "expireAt": DateTime::from_millis(1_003_000), "at": at, "queue": [ place("other"), place("me") ] };
+        let a = Attempt::of(reserved, "mine", Some("me"));
+        assert!(a.free && a.retry_in.is_none());
+        assert_eq!(a.head, Some(("other".to_string(), "A".to_string())));
+        // A lease that ran out is free too.
+        let lapsed = doc! { "uniqueValue": "t", "expireAt": DateTime::from_millis(999_000), "at": at, "queue": [ place("other") ] };
+        assert!(Attempt::of(lapsed, "mine", Some("me")).free);
+        // Our own grant.
+        assert!(Attempt::of(doc! { "grant": "mine" }, "mine", Some("me")).granted);
+    }
 
     #[test]
     fn names_mongodb_would_refuse_are_refused() {
