@@ -463,14 +463,9 @@ impl Inner {
     /// who is woken. True when the key was ours.
     async fn release(&self, locks: &Collection<Document>, key: &str, token: &str) -> Result<bool, Failure> {
         // Nobody waits (the usual case): one delete, as without a queue.
-        let alone = doc! {
-            "key": key,
-            "uniqueValue": token,
-            "$expr": { "$and": [
-                { "$gt": [ "$expireAt", "$$NOW" ] },
-                { "$eq": [ { "$size": live_places() }, 0 ] },
-            ] },
-        };
+        // (A queue whose places all ran out takes the second step.)
+        let mut alone = ours_live(key, token);
+        alone.insert("queue", doc! { "$exists": false });
         let deleted = locks
             .delete_one(alone)
             .write_concern(self.write_concern())
@@ -587,7 +582,12 @@ fn attempt_pipeline(
     let Some((me, lease)) = waiter else {
         // A try: one stage, which never writes the queue (the next queued write drops the
         // places that ran out), so that the uncontended grant costs what it did without one.
-        let ok = doc! { "$and": [ free.clone(), { "$eq": [ { "$size": live_places() }, 0 ] } ] };
+        let nobody_waits = doc! { "$cond": [
+            { "$eq": [ { "$type": "$queue" }, "missing" ] },
+            true,
+            { "$eq": [ { "$size": live_places() }, 0 ] },
+        ] };
+        let ok = doc! { "$and": [ free.clone(), nobody_waits ] };
         return vec![doc! { "$set": {
             "uniqueValue": { "$cond": [ ok.clone(), token, "$uniqueValue" ] },
             "expireAt": { "$cond": [ ok.clone(), now_plus(ttl), "$expireAt" ] },
