@@ -1,7 +1,7 @@
 // A waiter in a process of its own, driven by its parent over IPC, for the fair-queue tests.
-// argv: adapter ('redis' | 'redis-cluster'), url(s) comma-separated, counter URL (a Redis
-// server for the fenced counter).
-// Parent → child: { op: 'acquire', key, ttl, timeout }, { op: 'release' }.
+// argv: adapter ('redis' | 'redis-cluster' | 'mongo'), url(s) comma-separated, counter URL (a
+// Redis server for the fenced counter), and for 'mongo' the database name.
+// Parent → child: { op: 'acquire', key, ttl, timeout, delay? }, { op: 'release' }.
 // Child → parent: { event: 'ready' }, { event: 'queued' } (first attempt found the key taken),
 // { event: 'granted', fence, waitedMs }, { event: 'failed', message }, { event: 'released' }.
 // While it holds, the child runs the fenced counter update: read the counter, check the fence
@@ -10,11 +10,13 @@ import Redis from 'ioredis';
 import { Locker } from 'locco-rs';
 import { RedisAdapter } from 'locco-rs/redis';
 
-const [kind, urls, counterUrl] = process.argv.slice(2);
+const [kind, urls, counterUrl, dbName] = process.argv.slice(2);
 const adapter =
-  kind === 'redis-cluster'
-    ? new RedisAdapter({ urls: urls.split(','), cluster: true })
-    : new RedisAdapter({ url: urls });
+  kind === 'mongo'
+    ? new (await import('locco-rs/mongo')).MongoAdapter({ url: urls, dbName })
+    : kind === 'redis-cluster'
+      ? new RedisAdapter({ urls: urls.split(','), cluster: true })
+      : new RedisAdapter({ url: urls });
 let queued;
 const locker = new Locker({
   adapter,
@@ -42,7 +44,9 @@ process.on('message', async (m) => {
     queued = () => process.send({ event: 'queued' });
     const started = performance.now();
     try {
-      lock = await locker.acquire(m.key, { ttl: m.ttl, retry: { retries: Infinity, timeout: m.timeout ?? 30_000 } });
+      // `delay` (optional, the mongo tests send it): a long one shows that hand-offs are pushed.
+      const delay = m.delay === undefined ? {} : { delay: m.delay };
+      lock = await locker.acquire(m.key, { ttl: m.ttl, retry: { retries: Infinity, timeout: m.timeout ?? 30_000, ...delay } });
       await fencedIncrement(m.key, lock.fence);
       process.send({ event: 'granted', fence: lock.fence, waitedMs: performance.now() - started });
     } catch (e) {

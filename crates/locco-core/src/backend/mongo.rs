@@ -4,8 +4,39 @@
 //! Acquire is one pipeline upsert on `key`, atomic without a transaction; it rests on the unique
 //! index on `key`, without which two upserts of a missing key could both insert. Dates are
 //! computed with `$toLong`/`$toDate` arithmetic, which MongoDB 4.2 already has.
+//!
+//! ## The fair queue
+//!
+//! A key's queue lives *in its lock document*, as `queue: [{ w: waiter, a: adapter, exp }]`,
+//! oldest first. MongoDB updates one document atomically, so keeping the places beside the
+//! lease makes "the key is free and no live place is ahead of us" one condition of the same
+//! pipeline upsert that takes the key: every attempt, queued or a try, stays one command, and
+//! the uncontended one differs from the queue-less upsert only by a filter over a missing
+//! array (a queue in a second collection could not be read and written in the same atomic
+//! step without a transaction). A place whose `exp` passed is dropped by the next write.
+//!
+//! A release that finds live places does not delete the document: it leaves it *free but
+//! reserved* (no `uniqueValue`, `expireAt` at the last place's end, so the TTL index still
+//! removes it once every place ran out), and pushes a wake to the head. A free key is one
+//! without `uniqueValue` or whose `expireAt` passed; a release without waiters still deletes
+//! the document in one command. An older adapter, which reads only `expireAt`, sees a
+//! reserved key as held: it can wait longer, never barge or overlap.
+//!
+//! Pushes go through `<collectionName>-wakes`: a release (or a leave, or an attempt that finds
+//! a free key its head has not come for) inserts `{ w, a, at }` for the head, and each adapter
+//! keeps one change stream on that collection, filtered to its own `a`, that wakes the waiter
+//! through its [`WakeBoard`]. A head in the releasing adapter itself is woken directly. The
+//! wakes expire through a TTL index on `at`. Without change streams, or while the stream is
+//! down, waiters fall back to their re-checks; after the stream was lost, every waiter of the
+//! adapter re-checks at once.
+//!
+//! A lock whose holder died keeps its queue only as long as the document lives: the TTL
+//! monitor may remove a document whose lease ran out before the head took it (it runs once a
+//! minute on MongoDB); the waiters then queue again on their next re-check, in their order of
+//! arrival.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
@@ -17,7 +48,8 @@ use mongodb::options::{
 use mongodb::{Client, Collection, IndexModel};
 
 use crate::backend::io::{self, redact, Failure};
-use crate::backend::{Backend, Op};
+use crate::backend::queue::{Queue, Queued, WakeBoard};
+use crate::backend::{Backend, Op, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 /// How to reach MongoDB and where the locks live.
@@ -93,6 +125,12 @@ struct Inner {
     secrets: Vec<String>,
     indexes_ready: tokio::sync::OnceCell<()>,
     closed: std::sync::atomic::AtomicBool,
+    /// This adapter's name in the places it holds, so that a wake reaches only it.
+    adapter_id: String,
+    board: WakeBoard,
+    /// Whether the change stream of wakes was started (with the first queued attempt).
+    pushes_started: AtomicBool,
+    stop: Arc<tokio::sync::Notify>,
 }
 
 /// Locks in a MongoDB collection.
@@ -132,6 +170,10 @@ impl MongoBackend {
                 secrets,
                 indexes_ready: tokio::sync::OnceCell::new(),
                 closed: Default::default(),
+                adapter_id: crate::engine::options::random_token(),
+                board: WakeBoard::default(),
+                pushes_started: AtomicBool::new(false),
+                stop: Arc::new(tokio::sync::Notify::new()),
             }),
         })
     }
@@ -141,6 +183,7 @@ impl MongoBackend {
         self.inner
             .closed
             .store(true, std::sync::atomic::Ordering::Release);
+        self.inner.stop.notify_one();
         if let Some(client) = self.inner.client.get().cloned() {
             io::runtime().spawn(async move { client.shutdown().await });
         }
@@ -271,14 +314,24 @@ impl Inner {
         WriteConcern::builder().w(w).build()
     }
 
-    async fn collections(&self) -> Result<(Collection<Document>, Collection<Document>), Failure> {
+    async fn database(&self) -> Result<mongodb::Database, Failure> {
         let client = self.client().await?;
-        let db = match &self.options.db_name {
+        Ok(match &self.options.db_name {
             Some(name) => client.database(name),
             None => client
                 .default_database()
                 .unwrap_or_else(|| client.database("locco")),
-        };
+        })
+    }
+
+    /// Where wakes are pushed: `<collectionName>-wakes`.
+    async fn wakes(&self) -> Result<Collection<Document>, Failure> {
+        let db = self.database().await?;
+        Ok(db.collection::<Document>(&format!("{}-wakes", self.options.collection_name)))
+    }
+
+    async fn collections(&self) -> Result<(Collection<Document>, Collection<Document>), Failure> {
+        let db = self.database().await?;
         let name = &self.options.collection_name;
         let locks = db.collection::<Document>(name);
         let fences = db.collection::<Document>(&format!("{name}-fences"));
@@ -341,43 +394,241 @@ impl Inner {
             .map(|_| ())
     }
 
-    /// The pipeline upsert: takes the key when it is missing or expired. True when granted.
-    async fn grant(
+    /// The pipeline upsert: takes the key when it is free and no live place is ahead of
+    /// `waiter` (a try, `None`, never queues and needs an empty queue). A queued attempt that
+    /// is not granted joins the queue at the back, or renews its place.
+    async fn attempt(
         &self,
         locks: &Collection<Document>,
         key: &str,
         token: &str,
         ttl: u32,
-    ) -> Result<bool, Failure> {
-        let free = doc! { "$or": [
-            { "$eq": [ { "$type": "$expireAt" }, "missing" ] },
-            { "$lte": [ "$expireAt", "$$NOW" ] },
-        ] };
+        waiter: Option<(&str, u32)>,
+    ) -> Result<Attempt, Failure> {
         // `grant` marks which attempt took the key: the token alone cannot tell, since a
         // second acquire with the same token must fail (no re-entrancy).
         let attempt = crate::engine::options::random_token();
-        let update = vec![doc! { "$set": {
-            "uniqueValue": { "$cond": [ free.clone(), token, "$uniqueValue" ] },
-            "expireAt": { "$cond": [ free.clone(), now_plus(ttl), "$expireAt" ] },
-            "grant": { "$cond": [ free, &attempt, "$grant" ] },
-        } }];
-        let result = locks
-            .find_one_and_update(doc! { "key": key }, update)
+        let update = attempt_pipeline(token, ttl, &attempt, waiter, &self.adapter_id);
+        let projection = match waiter {
+            None => doc! { "grant": 1, "_id": 0 },
+            Some(_) => doc! { "grant": 1, "uniqueValue": 1, "expireAt": 1, "queue": 1, "at": 1, "_id": 0 },
+        };
+        // A queued attempt that lost the race to insert the document asks once more: the
+        // document exists then, and it must get its place.
+        let tries = if waiter.is_some() { 2 } else { 1 };
+        for _ in 0..tries {
+            let result = locks
+                .find_one_and_update(doc! { "key": key }, update.clone())
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .projection(projection.clone())
+                .write_concern(self.write_concern())
+                .await;
+            match result {
+                Ok(Some(doc)) => return Ok(Attempt::of(doc, &attempt, waiter.map(|w| w.0))),
+                Ok(None) => return Ok(Attempt::default()),
+                // Two upserts of a missing key raced and the unique index refused the second:
+                // another holder has it.
+                Err(e) if is_duplicate_key(&e) => continue,
+                Err(e) => return Err(self.failure(e)),
+            }
+        }
+        Ok(Attempt::default())
+    }
+
+    /// Takes the key's next fencing token.
+    async fn fence_next(&self, fences: &Collection<Document>, key: &str) -> Result<u64, Failure> {
+        let counter = fences
+            .find_one_and_update(doc! { "_id": key }, doc! { "$inc": { "fence": 1_i64 } })
             .upsert(true)
             .return_document(ReturnDocument::After)
-            .projection(doc! { "grant": 1, "_id": 0 })
             .write_concern(self.write_concern())
-            .await;
-        match result {
-            Ok(doc) => Ok(doc
-                .and_then(|d| d.get_str("grant").ok().map(|v| v == attempt))
-                .unwrap_or(false)),
-            // Two upserts of a missing key raced and the unique index refused the second:
-            // another holder has it.
-            Err(e) if is_duplicate_key(&e) => Ok(false),
-            Err(e) => Err(self.failure(e)),
+            .await
+            .map_err(|e| self.failure(e))?;
+        let fence = counter.and_then(|d| match d.get("fence") {
+            Some(Bson::Int64(n)) => Some(*n as u64),
+            Some(Bson::Int32(n)) => Some(*n as u64),
+            _ => None,
+        });
+        fence.ok_or_else(|| {
+            Failure::new(
+                "mongo",
+                BackendErrorKind::Protocol,
+                "the fence counter answered no number",
+            )
+        })
+    }
+
+    /// Deletes our live key. With live places it stays as a free key reserved for its head,
+    /// who is woken. True when the key was ours.
+    async fn release(&self, locks: &Collection<Document>, key: &str, token: &str) -> Result<bool, Failure> {
+        // Nobody waits (the usual case): one delete, as without a queue.
+        // (A queue whose places all ran out takes the second step.)
+        let mut alone = ours_live(key, token);
+        alone.insert("queue", doc! { "$exists": false });
+        let deleted = locks
+            .delete_one(alone)
+            .write_concern(self.write_concern())
+            .await
+            .map_err(|e| self.failure(e))?;
+        if deleted.deleted_count == 1 {
+            return Ok(true);
+        }
+        let reserve = vec![
+            doc! { "$set": { "queue": live_places() } },
+            doc! { "$set": {
+                "uniqueValue": "$$REMOVE",
+                "expireAt": { "$ifNull": [ { "$max": place_field("$queue", "exp") }, "$$NOW" ] },
+                "queue": { "$cond": [ { "$eq": [ { "$size": "$queue" }, 0 ] }, "$$REMOVE", "$queue" ] },
+                "at": "$$NOW",
+            } },
+        ];
+        let after = locks
+            .find_one_and_update(ours_live(key, token), reserve)
+            .return_document(ReturnDocument::After)
+            .projection(doc! { "queue": 1, "_id": 0 })
+            .write_concern(self.write_concern())
+            .await
+            .map_err(|e| self.failure(e))?;
+        let Some(after) = after else { return Ok(false) };
+        if let Some(head) = places_of(&after).into_iter().next() {
+            self.wake(locks, head).await;
+        }
+        Ok(true)
+    }
+
+    /// Tells a head that it may try now: directly when it waits in this adapter, else through
+    /// the wakes collection. Best effort: a lost wake costs the waiter one re-check.
+    async fn wake(&self, _locks: &Collection<Document>, (waiter, adapter): (String, String)) {
+        if adapter == self.adapter_id {
+            self.board.wake(&waiter);
+            return;
+        }
+        if let Ok(wakes) = self.wakes().await {
+            let wake = doc! { "w": waiter, "a": adapter, "at": mongodb::bson::DateTime::now() };
+            let _ = wakes.insert_one(wake).write_concern(self.write_concern()).await;
         }
     }
+}
+
+/// What a queued attempt learned from the document it wrote.
+#[derive(Default)]
+struct Attempt {
+    granted: bool,
+    /// The key is free (released, or its lease ran out) but promised to `head`.
+    free: bool,
+    head: Option<(String, String)>,
+    /// ms until the holder's lease ends, when we are the head of a held key.
+    retry_in: Option<f64>,
+}
+
+impl Attempt {
+    fn of(doc: Document, attempt: &str, waiter: Option<&str>) -> Self {
+        let granted = doc.get_str("grant").is_ok_and(|g| g == attempt);
+        let Some(waiter) = waiter.filter(|_| !granted) else {
+            return Attempt { granted, ..Default::default() };
+        };
+        let at = doc.get_datetime("at").ok().map(|d| d.timestamp_millis());
+        let end = doc.get_datetime("expireAt").ok().map(|d| d.timestamp_millis());
+        let held = doc.get_str("uniqueValue").is_ok() && matches!((at, end), (Some(a), Some(e)) if e > a);
+        let head = places_of(&doc).into_iter().next();
+        let we_lead = head.as_ref().is_some_and(|(w, _)| w == waiter);
+        let retry_in = match (held && we_lead, at, end) {
+            (true, Some(a), Some(e)) => Some((e - a) as f64),
+            _ => None,
+        };
+        Attempt { granted, free: !held, head: head.filter(|_| !we_lead), retry_in }
+    }
+}
+
+/// The places of a document: waiter and adapter, oldest first.
+fn places_of(doc: &Document) -> Vec<(String, String)> {
+    let Ok(queue) = doc.get_array("queue") else { return Vec::new() };
+    queue
+        .iter()
+        .filter_map(|p| p.as_document())
+        .filter_map(|p| Some((p.get_str("w").ok()?.to_owned(), p.get_str("a").ok()?.to_owned())))
+        .collect()
+}
+
+/// The document's places whose lease still runs, oldest first.
+fn live_places() -> Document {
+    doc! { "$filter": {
+        "input": { "$ifNull": [ "$queue", [] ] },
+        "cond": { "$gt": [ "$$this.exp", "$$NOW" ] },
+    } }
+}
+
+/// One field of every place in `array` (`$map`, since some servers answer `$a.b` on an empty
+/// array with a missing value).
+fn place_field(array: &str, field: &str) -> Document {
+    doc! { "$map": { "input": array, "in": format!("$$this.{field}") } }
+}
+
+/// The acquire pipeline (see [`Inner::attempt`]). Helper fields `_q` (the live places), `_f`
+/// (the key is free), `_ok` (we take it) and `_in` (we have a place) are dropped at the end.
+fn attempt_pipeline(
+    token: &str,
+    ttl: u32,
+    attempt: &str,
+    waiter: Option<(&str, u32)>,
+    adapter: &str,
+) -> Vec<Document> {
+    let free = doc! { "$or": [
+        { "$eq": [ { "$ifNull": [ "$uniqueValue", Bson::Null ] }, Bson::Null ] },
+        { "$eq": [ { "$type": "$expireAt" }, "missing" ] },
+        { "$lte": [ "$expireAt", "$$NOW" ] },
+    ] };
+    let Some((me, lease)) = waiter else {
+        // A try: one stage, which never writes the queue (the next queued write drops the
+        // places that ran out), so that the uncontended grant costs what it did without one.
+        let nobody_waits = doc! { "$cond": [
+            { "$eq": [ { "$type": "$queue" }, "missing" ] },
+            true,
+            { "$eq": [ { "$size": live_places() }, 0 ] },
+        ] };
+        let ok = doc! { "$and": [ free.clone(), nobody_waits ] };
+        return vec![doc! { "$set": {
+            "uniqueValue": { "$cond": [ ok.clone(), token, "$uniqueValue" ] },
+            "expireAt": { "$cond": [ ok.clone(), now_plus(ttl), "$expireAt" ] },
+            "grant": { "$cond": [ ok, attempt, "$grant" ] },
+        } }];
+    };
+    let nobody_ahead = doc! { "$or": [
+        { "$eq": [ { "$size": "$_q" }, 0 ] },
+        { "$eq": [ { "$arrayElemAt": [ place_field("$_q", "w"), 0 ] }, me ] },
+    ] };
+    let without_me = doc! { "$filter": { "input": "$_q", "cond": { "$ne": [ "$$this.w", me ] } } };
+    let place_end = now_plus(lease);
+    // Waiting on a free key reserves it: no holder, and the document lives as long as its
+    // last place.
+    let reserve = doc! { "$and": [ { "$not": [ "$_ok" ] }, "$_f" ] };
+    let renewed = doc! { "$map": { "input": "$_q", "in": { "$cond": [
+        { "$eq": [ "$$this.w", me ] },
+        { "w": "$$this.w", "a": "$$this.a", "exp": place_end.clone() },
+        "$$this",
+    ] } } };
+    let joined = doc! { "$concatArrays": [ "$_q", [ { "w": me, "a": adapter, "exp": place_end.clone() } ] ] };
+    let set = doc! {
+        "uniqueValue": { "$cond": [ "$_ok", token, { "$cond": [ reserve.clone(), "$$REMOVE", "$uniqueValue" ] } ] },
+        "expireAt": { "$cond": [ "$_ok", now_plus(ttl), { "$cond": [ reserve,
+            { "$max": [ place_end, { "$max": place_field("$_q", "exp") } ] },
+            "$expireAt",
+        ] } ] },
+        "grant": { "$cond": [ "$_ok", attempt, "$grant" ] },
+        "queue": { "$cond": [ "$_ok", without_me, { "$cond": [ "$_in", renewed, joined ] } ] },
+        "at": "$$NOW",
+    };
+    vec![
+        doc! { "$set": { "_q": live_places(), "_f": free } },
+        doc! { "$set": {
+            "_ok": { "$and": [ "$_f", nobody_ahead ] },
+            "_in": { "$in": [ me, place_field("$_q", "w") ] },
+        } },
+        doc! { "$set": set },
+        doc! { "$set": { "queue": { "$cond": [ { "$eq": [ { "$size": "$queue" }, 0 ] }, "$$REMOVE", "$queue" ] } } },
+        doc! { "$unset": [ "_q", "_f", "_ok", "_in" ] },
+    ]
 }
 
 fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
@@ -397,7 +648,7 @@ impl Backend for MongoBackend {
         let (key, token) = (key.to_owned(), token.to_owned());
         self.run(move |inner| async move {
             let (locks, _) = inner.collections().await?;
-            inner.grant(&locks, &key, &token, ttl).await
+            Ok(inner.attempt(&locks, &key, &token, ttl, None).await?.granted)
         })
     }
 
@@ -405,12 +656,7 @@ impl Backend for MongoBackend {
         let (key, token) = (key.to_owned(), token.to_owned());
         self.run(move |inner| async move {
             let (locks, _) = inner.collections().await?;
-            let deleted = locks
-                .delete_one(ours_live(&key, &token))
-                .write_concern(inner.write_concern())
-                .await
-                .map_err(|e| inner.failure(e))?;
-            Ok(deleted.deleted_count == 1)
+            inner.release(&locks, &key, &token).await
         })
     }
 
@@ -453,35 +699,197 @@ impl Backend for MongoBackend {
         let (key, token) = (key.to_owned(), token.to_owned());
         self.run(move |inner| async move {
             let (locks, fences) = inner.collections().await?;
-            if !inner.grant(&locks, &key, &token, ttl).await? {
+            if !inner.attempt(&locks, &key, &token, ttl, None).await?.granted {
                 return Ok(None);
             }
-            let counter = fences
-                .find_one_and_update(doc! { "_id": &key }, doc! { "$inc": { "fence": 1_i64 } })
-                .upsert(true)
+            inner.fence_next(&fences, &key).await.map(Some)
+        })
+    }
+
+    fn queue(&self) -> Option<&dyn Queue> {
+        Some(self)
+    }
+}
+
+impl Queue for MongoBackend {
+    fn acquire_queued(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+        fenced: bool,
+    ) -> Op<Queued> {
+        self.start_pushes();
+        let (key, token, waiter) = (key.to_owned(), token.to_owned(), waiter.to_owned());
+        let lease = lease.max(MIN_PLACE_LEASE_MS);
+        self.run(move |inner| async move {
+            let (locks, fences) = inner.collections().await?;
+            let attempt = inner
+                .attempt(&locks, &key, &token, ttl, Some((&waiter, lease)))
+                .await?;
+            if attempt.granted {
+                let fence = match fenced {
+                    true => Some(inner.fence_next(&fences, &key).await?),
+                    false => None,
+                };
+                return Ok(Queued::Granted(fence));
+            }
+            // A free key promised to a head that has not come: its push may have been lost.
+            if let (true, Some(head)) = (attempt.free, attempt.head) {
+                inner.wake(&locks, head).await;
+            }
+            Ok(Queued::Waiting { retry_in: attempt.retry_in })
+        })
+    }
+
+    fn leave(&self, key: &str, waiter: &str) -> Op<()> {
+        let (key, waiter) = (key.to_owned(), waiter.to_owned());
+        self.run(move |inner| async move {
+            let (locks, _) = inner.collections().await?;
+            let without = vec![
+                doc! { "$set": { "queue": { "$filter": {
+                    "input": live_places(), "cond": { "$ne": [ "$$this.w", &waiter ] },
+                } } } },
+                doc! { "$set": {
+                    "queue": { "$cond": [ { "$eq": [ { "$size": "$queue" }, 0 ] }, "$$REMOVE", "$queue" ] },
+                    "at": "$$NOW",
+                } },
+            ];
+            let after = locks
+                .find_one_and_update(doc! { "key": &key, "queue.w": &waiter }, without)
                 .return_document(ReturnDocument::After)
+                .projection(doc! { "uniqueValue": 1, "expireAt": 1, "queue": 1, "at": 1, "_id": 0 })
                 .write_concern(inner.write_concern())
                 .await
                 .map_err(|e| inner.failure(e))?;
-            let fence = counter.and_then(|d| match d.get("fence") {
-                Some(Bson::Int64(n)) => Some(*n as u64),
-                Some(Bson::Int32(n)) => Some(*n as u64),
-                _ => None,
-            });
-            fence.map(Some).ok_or_else(|| {
-                Failure::new(
-                    "mongo",
-                    BackendErrorKind::Protocol,
-                    "the fence counter answered no number",
-                )
-            })
+            // The new head of a free key may take it now (a spurious wake, when we were not
+            // the head, costs it one attempt).
+            if let Some(after) = after {
+                let state = Attempt::of(after, "", Some(""));
+                if let (true, Some(head)) = (state.free, state.head) {
+                    inner.wake(&locks, head).await;
+                }
+            }
+            Ok(())
         })
+    }
+
+    fn wakeups(&self, _key: &str, waiter: &str) -> Box<dyn Waiter> {
+        self.inner.board.listen(waiter)
+    }
+}
+
+/// A place in a key's queue never lives shorter than this, whatever the engine asks.
+const MIN_PLACE_LEASE_MS: u32 = 100;
+/// How often a change stream with nothing to tell checks whether its adapter is still there.
+const IDLE_CHECK: Duration = Duration::from_secs(5);
+/// Wakes are kept this long for a change stream that resumes; they are read at once.
+const WAKES_KEEP: Duration = Duration::from_secs(60);
+
+impl MongoBackend {
+    /// Opens the change stream of wakes, once: with the adapter's first queued attempt, so
+    /// that it is usually in place by the time that attempt's waiter waits.
+    fn start_pushes(&self) {
+        if !self.inner.pushes_started.swap(true, Ordering::AcqRel) {
+            let stop = self.inner.stop.clone();
+            io::runtime().spawn(watch_wakes(Arc::downgrade(&self.inner), stop));
+        }
+    }
+}
+
+/// Passes each wake for this adapter on to its waiter, until the adapter is closed or gone.
+/// A stream that fails or ends is opened again with a backoff, and every waiter re-checks.
+async fn watch_wakes(inner: Weak<Inner>, stop: Arc<tokio::sync::Notify>) {
+    use futures_util::StreamExt;
+    let mut backoff = Duration::from_millis(50);
+    let mut was_open = false;
+    let mut ttl_index = false;
+    loop {
+        let Some(strong) = inner.upgrade() else { return };
+        if strong.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let (board, id) = (strong.board.clone(), strong.adapter_id.clone());
+        let open = async {
+            let wakes = strong.wakes().await?;
+            if !ttl_index && strong.options.create_indexes {
+                let index = IndexModel::builder()
+                    .keys(doc! { "at": 1 })
+                    .options(IndexOptions::builder().expire_after(WAKES_KEEP).name("locco_at_ttl".to_string()).build())
+                    .build();
+                ttl_index = wakes.create_index(index).await.is_ok();
+            }
+            let filter = doc! { "$match": { "operationType": "insert", "fullDocument.a": &id } };
+            wakes.watch().pipeline([filter]).await.map_err(|e| strong.failure(e))
+        };
+        let opened = tokio::time::timeout(Duration::from_secs(5), open).await;
+        drop(strong);
+        if let Ok(Ok(mut stream)) = opened {
+            if was_open {
+                board.wake_all();
+            }
+            was_open = true;
+            backoff = Duration::from_millis(50);
+            loop {
+                tokio::select! {
+                    event = stream.next() => match event {
+                        Some(Ok(event)) => {
+                            let wake = event.full_document.filter(|d| d.get_str("a").is_ok_and(|a| a == id));
+                            if let Some(waiter) = wake.as_ref().and_then(|d| d.get_str("w").ok()) {
+                                board.wake(waiter);
+                            }
+                        }
+                        _ => break,
+                    },
+                    _ = stop.notified() => return,
+                    _ = tokio::time::sleep(IDLE_CHECK) => {
+                        if inner.strong_count() == 0 {
+                            return;
+                        }
+                    }
+                }
+            }
+            // Pushes may have been missed while the stream was down.
+            board.wake_all();
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.notified() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attempt_reads_its_turn_from_the_document_it_wrote() {
+        use mongodb::bson::DateTime;
+        let at = DateTime::from_millis(1_000_000);
+        let place = |w: &str| doc! { "w": w, "a": "A", "exp": DateTime::from_millis(1_003_000) };
+        // Held, we are the head: wait for the holder's lease end, nobody to wake.
+        let held = doc! {
+            "uniqueValue": "t", "expireAt": DateTime::from_millis(1_000_400), "at": at,
+            "queue": [ place("me"), place("other") ], "grant": "g",
+        };
+        let a = Attempt::of(held, "mine", Some("me"));
+        assert!(!a.granted && !a.free && a.head.is_none());
+        assert_eq!(a.retry_in, Some(400.0));
+        // Free but promised to another head: wake it, no hint for us.
+        let reserved = doc! { "expireAt": DateTime::from_millis(1_003_000), "at": at, "queue": [ place("other"), place("me") ] };
+        let a = Attempt::of(reserved, "mine", Some("me"));
+        assert!(a.free && a.retry_in.is_none());
+        assert_eq!(a.head, Some(("other".to_string(), "A".to_string())));
+        // A lease that ran out is free too.
+        let lapsed = doc! { "uniqueValue": "t", "expireAt": DateTime::from_millis(999_000), "at": at, "queue": [ place("other") ] };
+        assert!(Attempt::of(lapsed, "mine", Some("me")).free);
+        // Our own grant.
+        assert!(Attempt::of(doc! { "grant": "mine" }, "mine", Some("me")).granted);
+    }
 
     #[test]
     fn names_mongodb_would_refuse_are_refused() {
