@@ -164,6 +164,60 @@ describe('Redis fair queue across processes', () => {
     await held.release();
   });
 
+  it('a holder with waiters still extends, observes and releases its lock', async () => {
+    const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }) });
+    const held = await locker.acquire('marked', { ttl: 10_000 });
+    const waiting = locker.acquire('marked', { ttl: 1000, retry: { retries: Infinity, timeout: 20_000, delay: 1000 } });
+    // The holder's value says someone waits, so that its release hands the key over.
+    await until(() => redis.cli('GET', 'marked') === `${held.token}|locco:waited`, 3000);
+    await held.extend(20_000);
+    assert.ok(Number(redis.cli('PTTL', 'marked')) > 10_000);
+    assert.equal(await held.isHeld(), true);
+    const released = performance.now();
+    assert.equal(await held.release(), true);
+    const next = await waiting;
+    assert.ok(performance.now() - released < 300, 'handed over by the release, not found by a re-check');
+    assert.equal(redis.cli('GET', 'marked'), next.token);
+    await next.release();
+    assert.equal(redis.cli('EXISTS', 'marked'), '0');
+    await locker.close();
+  });
+
+  it('a head that gives up a key reserved for it hands it to the next waiter at once', async () => {
+    // The head's user may publish but not subscribe, so it hears no push: the released key
+    // stays reserved for it until it re-checks (a second later) or leaves.
+    redis.cli('ACL', 'SETUSER', 'deaf', 'on', '>deaf-pw', '~*', 'allchannels', '+@all', '-@pubsub', '+publish');
+    const deafUrl = redis.url.replace('redis://', 'redis://deaf:deaf-pw@');
+    const checks = { head: () => {}, next: () => {} };
+    const checked = (who) => new Promise((r) => (checks[who] = r));
+    const waiter = (url, who) =>
+      new Locker({ adapter: new RedisAdapter({ url }), onEvent: (e) => e.type === 'contended' && checks[who]() });
+    const [holder, deaf, other] = [new Locker({ adapter: new RedisAdapter({ url: redis.url }) }), waiter(deafUrl, 'head'), waiter(redis.url, 'next')];
+    const held = await holder.acquire('handover', { ttl: 10_000 });
+    const wait = { retries: Infinity, timeout: 20_000, delay: 1000 };
+    const ac = new AbortController();
+    let headChecked = checked('head');
+    const head = deaf.acquire('handover', { ttl: 1000, retry: wait, signal: ac.signal }).catch((e) => e);
+    await headChecked;
+    let nextChecked = checked('next');
+    const next = other.acquire('handover', { ttl: 1000, retry: wait });
+    await nextChecked;
+    // Right after both re-checked, so the next re-check of each is about a second away.
+    [headChecked, nextChecked] = [checked('head'), checked('next')];
+    await Promise.all([headChecked, nextChecked]);
+    await held.release();
+    assert.match(redis.cli('GET', 'handover'), /^locco:reserved\|/);
+    const left = performance.now();
+    ac.abort();
+    assert.equal((await head).name, 'AbortError');
+    const lock = await next;
+    const waited = performance.now() - left;
+    assert.ok(waited < 300, `the next waiter got the key ${waited} ms after the head left`);
+    await lock.release();
+    assert.equal(redis.cli('EXISTS', 'handover'), '0');
+    await Promise.all([holder, deaf, other].map((l) => l.close()));
+  });
+
   it('100 waiters on one key in one process: all granted, in order, none overlapping', async () => {
     const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), fencing: true });
     const first = await locker.acquire('hundred', { ttl: 10_000 });

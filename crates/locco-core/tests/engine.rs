@@ -160,6 +160,7 @@ impl Queue for Gated {
             token.to_owned(),
             waiter.to_owned(),
         );
+        self.calls.borrow_mut().push("queued");
         self.gate("acquire", move || {
             me.queue()
                 .unwrap()
@@ -1229,6 +1230,34 @@ fn a_free_key_goes_to_its_longest_waiter_not_to_a_newcomer() {
         1000.0,
         "every hand-off was a push, not a poll"
     );
+}
+
+#[test]
+fn a_waiter_joins_the_queue_only_when_its_plain_try_finds_the_key_taken() {
+    let mut h = Harness::new();
+    let order = Rc::new(RefCell::new(Vec::new()));
+    let holder = queue_up(&mut h, "holder", &order, None);
+    let calls = |h: &Harness| (h.backend.count("acquire"), h.backend.count("queued"));
+    assert_eq!(
+        calls(&h),
+        (1, 0),
+        "a free key: one plain try, as without a queue"
+    );
+    let _waiter = queue_up(&mut h, "waiter", &order, None);
+    assert_eq!(calls(&h), (3, 1), "a taken key: the waiter joins at once");
+    assert_eq!(h.events(), ["acquired", "contended:held"], "in one attempt");
+    // A try, or an acquisition that may not retry, never joins (so never has to leave).
+    let tried = h
+        .pool
+        .run_until(h.locker.try_acquire("k", AcquireOptions::new(10_000)));
+    assert!(tried.unwrap().is_none());
+    let once = AcquireOptions::new(10_000).with_retry(retries(0, 10.0));
+    let once = h.pool.run_until(h.locker.acquire("k", once, None));
+    assert!(once.unwrap_err().is_contention());
+    assert_eq!(calls(&h), (5, 1));
+    assert_eq!(h.backend.count("leave"), 0);
+    release(&mut h, &holder);
+    assert_eq!(*order.borrow(), ["holder", "waiter"]);
 }
 
 #[test]

@@ -411,7 +411,9 @@ impl Inner {
         let update = attempt_pipeline(token, ttl, &attempt, waiter, &self.adapter_id);
         let projection = match waiter {
             None => doc! { "grant": 1, "_id": 0 },
-            Some(_) => doc! { "grant": 1, "uniqueValue": 1, "expireAt": 1, "queue": 1, "at": 1, "_id": 0 },
+            Some(_) => {
+                doc! { "grant": 1, "uniqueValue": 1, "expireAt": 1, "queue": 1, "at": 1, "_id": 0 }
+            }
         };
         // A queued attempt that lost the race to insert the document asks once more: the
         // document exists then, and it must get its place.
@@ -461,7 +463,12 @@ impl Inner {
 
     /// Deletes our live key. With live places it stays as a free key reserved for its head,
     /// who is woken. True when the key was ours.
-    async fn release(&self, locks: &Collection<Document>, key: &str, token: &str) -> Result<bool, Failure> {
+    async fn release(
+        &self,
+        locks: &Collection<Document>,
+        key: &str,
+        token: &str,
+    ) -> Result<bool, Failure> {
         // Nobody waits (the usual case): one delete, as without a queue.
         // (A queue whose places all ran out takes the second step.)
         let mut alone = ours_live(key, token);
@@ -506,7 +513,10 @@ impl Inner {
         }
         if let Ok(wakes) = self.wakes().await {
             let wake = doc! { "w": waiter, "a": adapter, "at": mongodb::bson::DateTime::now() };
-            let _ = wakes.insert_one(wake).write_concern(self.write_concern()).await;
+            let _ = wakes
+                .insert_one(wake)
+                .write_concern(self.write_concern())
+                .await;
         }
     }
 }
@@ -526,28 +536,47 @@ impl Attempt {
     fn of(doc: Document, attempt: &str, waiter: Option<&str>) -> Self {
         let granted = doc.get_str("grant").is_ok_and(|g| g == attempt);
         let Some(waiter) = waiter.filter(|_| !granted) else {
-            return Attempt { granted, ..Default::default() };
+            return Attempt {
+                granted,
+                ..Default::default()
+            };
         };
         let at = doc.get_datetime("at").ok().map(|d| d.timestamp_millis());
-        let end = doc.get_datetime("expireAt").ok().map(|d| d.timestamp_millis());
-        let held = doc.get_str("uniqueValue").is_ok() && matches!((at, end), (Some(a), Some(e)) if e > a);
+        let end = doc
+            .get_datetime("expireAt")
+            .ok()
+            .map(|d| d.timestamp_millis());
+        let held =
+            doc.get_str("uniqueValue").is_ok() && matches!((at, end), (Some(a), Some(e)) if e > a);
         let head = places_of(&doc).into_iter().next();
         let we_lead = head.as_ref().is_some_and(|(w, _)| w == waiter);
         let retry_in = match (held && we_lead, at, end) {
             (true, Some(a), Some(e)) => Some((e - a) as f64),
             _ => None,
         };
-        Attempt { granted, free: !held, head: head.filter(|_| !we_lead), retry_in }
+        Attempt {
+            granted,
+            free: !held,
+            head: head.filter(|_| !we_lead),
+            retry_in,
+        }
     }
 }
 
 /// The places of a document: waiter and adapter, oldest first.
 fn places_of(doc: &Document) -> Vec<(String, String)> {
-    let Ok(queue) = doc.get_array("queue") else { return Vec::new() };
+    let Ok(queue) = doc.get_array("queue") else {
+        return Vec::new();
+    };
     queue
         .iter()
         .filter_map(|p| p.as_document())
-        .filter_map(|p| Some((p.get_str("w").ok()?.to_owned(), p.get_str("a").ok()?.to_owned())))
+        .filter_map(|p| {
+            Some((
+                p.get_str("w").ok()?.to_owned(),
+                p.get_str("a").ok()?.to_owned(),
+            ))
+        })
         .collect()
 }
 
@@ -648,7 +677,10 @@ impl Backend for MongoBackend {
         let (key, token) = (key.to_owned(), token.to_owned());
         self.run(move |inner| async move {
             let (locks, _) = inner.collections().await?;
-            Ok(inner.attempt(&locks, &key, &token, ttl, None).await?.granted)
+            Ok(inner
+                .attempt(&locks, &key, &token, ttl, None)
+                .await?
+                .granted)
         })
     }
 
@@ -699,7 +731,11 @@ impl Backend for MongoBackend {
         let (key, token) = (key.to_owned(), token.to_owned());
         self.run(move |inner| async move {
             let (locks, fences) = inner.collections().await?;
-            if !inner.attempt(&locks, &key, &token, ttl, None).await?.granted {
+            if !inner
+                .attempt(&locks, &key, &token, ttl, None)
+                .await?
+                .granted
+            {
                 return Ok(None);
             }
             inner.fence_next(&fences, &key).await.map(Some)
@@ -740,7 +776,9 @@ impl Queue for MongoBackend {
             if let (true, Some(head)) = (attempt.free, attempt.head) {
                 inner.wake(&locks, head).await;
             }
-            Ok(Queued::Waiting { retry_in: attempt.retry_in })
+            Ok(Queued::Waiting {
+                retry_in: attempt.retry_in,
+            })
         })
     }
 
@@ -807,7 +845,9 @@ async fn watch_wakes(inner: Weak<Inner>, stop: Arc<tokio::sync::Notify>) {
     let mut was_open = false;
     let mut ttl_index = false;
     loop {
-        let Some(strong) = inner.upgrade() else { return };
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
         if strong.closed.load(Ordering::Acquire) {
             return;
         }
@@ -817,12 +857,21 @@ async fn watch_wakes(inner: Weak<Inner>, stop: Arc<tokio::sync::Notify>) {
             if !ttl_index && strong.options.create_indexes {
                 let index = IndexModel::builder()
                     .keys(doc! { "at": 1 })
-                    .options(IndexOptions::builder().expire_after(WAKES_KEEP).name("locco_at_ttl".to_string()).build())
+                    .options(
+                        IndexOptions::builder()
+                            .expire_after(WAKES_KEEP)
+                            .name("locco_at_ttl".to_string())
+                            .build(),
+                    )
                     .build();
                 ttl_index = wakes.create_index(index).await.is_ok();
             }
             let filter = doc! { "$match": { "operationType": "insert", "fullDocument.a": &id } };
-            wakes.watch().pipeline([filter]).await.map_err(|e| strong.failure(e))
+            wakes
+                .watch()
+                .pipeline([filter])
+                .await
+                .map_err(|e| strong.failure(e))
         };
         let opened = tokio::time::timeout(Duration::from_secs(5), open).await;
         drop(strong);

@@ -173,10 +173,16 @@ mod tests {
         let mut early = board.listen("early");
         assert!(early.released().now_or_never().is_some());
         let mut other = board.listen("other");
-        assert!(other.released().now_or_never().is_none(), "a push is for its waiter only");
+        assert!(
+            other.released().now_or_never().is_none(),
+            "a push is for its waiter only"
+        );
         board.wake("other");
         assert!(other.released().now_or_never().is_some());
-        assert!(other.released().now_or_never().is_none(), "one push, one wake");
+        assert!(
+            other.released().now_or_never().is_none(),
+            "one push, one wake"
+        );
     }
 
     #[test]

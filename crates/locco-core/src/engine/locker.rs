@@ -174,8 +174,9 @@ impl Locker {
         let start = self.now()?;
         let queue = self.shared.backend.queue();
         let waiter = queue.map(|_| next_waiter_id());
+        let mut joined = false;
         match self
-            .take_turns(&key, options, abort, start, waiter.as_deref())
+            .take_turns(&key, options, abort, start, waiter.as_deref(), &mut joined)
             .await
         {
             Ok(won) => self.won(
@@ -189,7 +190,7 @@ impl Locker {
             ),
             Err(e) => {
                 // Whatever ended the wait, our place must not hold up the queue.
-                if let (Some(queue), Some(waiter)) = (queue, &waiter) {
+                if let (Some(queue), Some(waiter), true) = (queue, &waiter, joined) {
                     let op = queue.leave(&key, waiter);
                     self.shared.rt.spawner.spawn(Box::pin(async move {
                         let _ = op.await;
@@ -201,7 +202,7 @@ impl Locker {
     }
 
     /// The attempts of one acquisition until one wins; `waiter` is our id in the backend's
-    /// fair queue, when it keeps one.
+    /// fair queue, when it keeps one, and `joined` says whether we asked for a place in it.
     async fn take_turns(
         &self,
         key: &str,
@@ -209,6 +210,7 @@ impl Locker {
         abort: Option<&Abort>,
         start: f64,
         waiter: Option<&str>,
+        joined: &mut bool,
     ) -> Result<Won> {
         let policy = &options.retry;
         let budget_end = policy.timeout.map(|t| start + t);
@@ -236,14 +238,27 @@ impl Locker {
             attempt += 1;
             let sent_at = next_sent_at;
             let mut retry_in = None;
-            let outcome = self
-                .attempt(key, token.clone(), ttl, sent_at, budget_end, abort, waiter)
+            let queued = waiter.filter(|_| *joined);
+            let mut outcome = self
+                .attempt(key, token.clone(), ttl, sent_at, budget_end, abort, queued)
                 .await;
+            // The first attempt is a plain try, as cheap as without a queue (a try never takes
+            // a key promised to a waiter). When it finds the key taken and we may wait, we
+            // join the queue at once, in the same attempt.
+            if waiter.is_some() && !*joined {
+                *joined = policy.retries != Some(0);
+                if *joined && matches!(outcome, Ok(Attempt::Missed(HeldReason::Held, _))) {
+                    let sent_at = self.now()?;
+                    outcome = self
+                        .attempt(key, token.clone(), ttl, sent_at, budget_end, abort, waiter)
+                        .await;
+                }
+            }
             // A queued waiter rides out a connection that drops or a server that restarts:
             // its place (or the queue) may be gone, but its next attempt asks again, and
             // the budget still bounds the wait. Anything else ends the acquisition.
             let outcome = match outcome {
-                Err(e) if waiter.is_some() && answered.is_some() && is_transient(&e) => {
+                Err(e) if *joined && answered.is_some() && is_transient(&e) => {
                     failed = Some(e);
                     Attempt::NoAnswer
                 }
@@ -330,7 +345,7 @@ impl Locker {
             previous_delay = delay;
             // A delay of 0 still yields to the event loop, so a busy key cannot starve it.
             let mut wait = delay.max(MIN_WAIT_MS);
-            if waiter.is_some() {
+            if *joined {
                 // In a fair queue a push wakes us; the wait is only the backstop, and renews
                 // our place. At the head, the holder's lease end is worth a look too.
                 wait = wait.min(QUEUE_RECHECK_MS);
@@ -342,7 +357,7 @@ impl Locker {
             let wake_at = budget_end.map_or(wake_at, |e| e.min(wake_at));
             let wakeups = wakeups.get_or_insert_with(|| {
                 let backend = &self.shared.backend;
-                match (backend.queue(), waiter) {
+                match (backend.queue(), waiter.filter(|_| *joined)) {
                     (Some(queue), Some(id)) => queue.wakeups(key, id),
                     _ => backend
                         .waiter(key)

@@ -27,18 +27,29 @@ use failure::failure_of;
 /// What the queue scripts share. KEYS[1] the lock, KEYS[2] its queue (a list of places,
 /// oldest first), KEYS[3] each place's deadline (a sorted set, server ms). A place is
 /// `<channel>|<waiter>`: the channel of the adapter that waits, so a push reaches only it.
+///
+/// Two marks in the lock's value keep the uncontended path as it is without a queue:
+/// - A key held while someone waits carries its token and `|locco:waited`, so the holder's
+///   release knows to look at the queue; a release without the mark is a plain
+///   compare-and-delete.
+/// - A key released while waiters wait is not deleted but reserved for the head (its value is
+///   `locco:reserved|` and the head's place, for as long as the place lives): a plain
+///   `SET NX`, the cheap path of every try and first attempt, then cannot take it past them.
 const QUEUE_PRELUDE: &str = r"
+local RESERVED = 'locco:reserved|'
+local WAITED = '|locco:waited'
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
--- The longest live place, after dropping the places at the front whose lease ran out.
+-- The longest live place and its deadline, after dropping the places at the front whose
+-- lease ran out.
 local function head(now)
   while true do
     local h = redis.call('LINDEX', KEYS[2], 0)
     if not h then return nil end
-    local d = redis.call('ZSCORE', KEYS[3], h)
-    if d and tonumber(d) > now then return h end
+    local d = tonumber(redis.call('ZSCORE', KEYS[3], h) or '0')
+    if d > now then return h, d end
     redis.call('LPOP', KEYS[2])
     redis.call('ZREM', KEYS[3], h)
   end
@@ -48,20 +59,64 @@ local function wake(h)
   -- pcall: a user without channel rights still gets its locks; its waiters re-check instead.
   if chan then redis.pcall('PUBLISH', 'locco:wake:' .. chan, h) end
 end
--- Tells the head of a free key to try now.
-local function wake_head()
-  if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-    local h = head(now_ms())
-    if h then wake(h) end
+-- Keeps a free key for the head (told by a push) while its place lives.
+local function reserve(h, d, now)
+  redis.call('SET', KEYS[1], RESERVED .. h, 'PX', math.max(1, d - now))
+  wake(h)
+end
+-- The key is ours no more: the head's, or nobody's.
+local function hand_over()
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    local now = now_ms()
+    local h, d = head(now)
+    if h then return reserve(h, d, now) end
   end
+  redis.call('DEL', KEYS[1])
 end
 ";
 
-/// One attempt, queued or not. KEYS[4] the fencing counter (given only when fenced). ARGV: token, ttl ms, our place
-/// ('' for a try, which never queues), the place's lease ms, '1' to take a fencing token, how
-/// long the counter outlives its last grant. Answers {1, fence or 0} for a grant, else
-/// {0, ms until the holder's lease ends when we are at the head, or -1}.
+/// A queued attempt, made after a plain `SET NX` missed. KEYS[4] the fencing counter (given
+/// only when fenced). ARGV: token, ttl ms, our place, the place's lease ms, '1' to take a
+/// fencing token, how long the counter outlives its last grant. Answers {1, fence or 0} for a
+/// grant, else {0, ms until the holder's lease ends when we are at the head, or -1}.
 const ACQUIRE_BODY: &str = r"
+local me = ARGV[3]
+local now = now_ms()
+local h, d = head(now)
+local v = redis.call('GET', KEYS[1])
+-- A reservation for a place that is not the live head is left over: the key is free.
+local free = v == false or (string.sub(v, 1, #RESERVED) == RESERVED and v ~= RESERVED .. (h or ''))
+if (free or v == RESERVED .. me) and (h == nil or h == me) then
+  local value = ARGV[1]
+  if h then
+    redis.call('LPOP', KEYS[2])
+    redis.call('ZREM', KEYS[3], h)
+    if redis.call('LLEN', KEYS[2]) > 0 then value = value .. WAITED end
+  end
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+  return grant()
+end
+-- Free, or reserved for a head that has not come (its push may be lost): tell it again.
+if free then reserve(h, d, now) elseif h and v == RESERVED .. h then wake(h)
+-- Held: its release must hand the key over.
+elseif string.sub(v, 1, #RESERVED) ~= RESERVED and string.sub(v, -#WAITED) ~= WAITED then
+  redis.call('SET', KEYS[1], v .. WAITED, 'KEEPTTL')
+end
+if not redis.call('ZSCORE', KEYS[3], me) then
+  redis.call('RPUSH', KEYS[2], me)
+end
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), me)
+-- The queue outlives every place in it, and goes when its last waiter does.
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
+if h == nil or h == me then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+return {0, -1}";
+
+/// The fencing token of a grant; the counter is KEYS[4], ARGV[5] and [6] as in the acquire
+/// scripts.
+const GRANT_FENCE: &str = r"
 local function grant()
   if ARGV[5] ~= '1' then return {1, 0} end
   -- At least the server's time in microseconds: tokens keep growing even when the counter is
@@ -75,72 +130,63 @@ local function grant()
   redis.call('SET', KEYS[4], string.format('%.0f', fence), 'PX', keep)
   return {1, fence}
 end
--- Nobody waits: the one-step grant, as without a queue.
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return grant() end
-  if ARGV[3] == '' then return {0, -1} end
-end
-local me = ARGV[3]
-local now = now_ms()
-local h = head(now)
-local free = redis.call('EXISTS', KEYS[1]) == 0
-if free and (h == nil or h == me) then
-  if h then
-    redis.call('LPOP', KEYS[2])
-    redis.call('ZREM', KEYS[3], h)
-  end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return grant()
-end
--- A free key promised to a head that has not come: its push may have been lost.
-if free then wake(h) end
-if me == '' then return {0, -1} end
-if not redis.call('ZSCORE', KEYS[3], me) then
-  redis.call('RPUSH', KEYS[2], me)
-end
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), me)
--- The queue outlives every place in it, and goes when its last waiter does.
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-redis.call('PEXPIRE', KEYS[3], ARGV[4])
-if h == nil or h == me then
-  return {0, redis.call('PTTL', KEYS[1])}
-end
+";
+
+/// A try, or a first attempt: the grant when the key is free, as without a queue (a reserved
+/// key is not free). Same KEYS and ARGV as the queued attempt; only a fenced try runs it.
+const TRY_FENCED: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return grant() end
 return {0, -1}";
 
-/// Deletes the key only when it still carries our token, and tells the next waiter.
+/// Deletes the key only when it still carries our token; with someone waiting (the prelude
+/// comes between the two parts, defined only then), reserves it for the next waiter.
+const RELEASE_FAST: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if v ~= ARGV[1] .. '|locco:waited' then return 0 end
+";
 const RELEASE_BODY: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-wake_head()
+hand_over()
 return 1";
 
-/// Gives up our place (ARGV[1]); the next waiter hears of a free key it can now take.
+/// Gives up our place (ARGV[1]). A key reserved for us, or left free by a holder whose lease
+/// ran out, goes to the next waiter.
 const LEAVE_BODY: &str = r"
 redis.call('LREM', KEYS[2], 0, ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-wake_head()
+local v = redis.call('GET', KEYS[1])
+if v == false or v == RESERVED .. ARGV[1] then hand_over() end
 return 1";
 
 /// A new lease for our own live key. An expired key is gone, so GET finds nothing and the key
 /// is never re-created.
 const EXTEND: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or v == ARGV[1] .. '|locco:waited' then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0";
 
 /// Our token, with a lease still running.
 const IS_HELD: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('PTTL', KEYS[1]) > 0 then
+local v = redis.call('GET', KEYS[1])
+if (v == ARGV[1] or v == ARGV[1] .. '|locco:waited') and redis.call('PTTL', KEYS[1]) > 0 then
   return 1
 end
 return 0";
+
+/// The value of a key reserved for the head of its queue, before the head's place (the
+/// scripts' `RESERVED`).
+const RESERVED_PREFIX: &str = "locco:reserved|";
+/// After the token of a key held while someone waits (the scripts' `WAITED`).
+const WAITED_SUFFIX: &str = "|locco:waited";
 
 /// A fence counter lives this long after its key's last grant.
 const FENCE_COUNTER_KEEP_MS: u64 = 24 * 60 * 60 * 1000;
 
 struct Scripts {
     acquire: Script,
+    try_fenced: Script,
     release: Script,
     leave: Script,
     extend: Script,
@@ -151,8 +197,9 @@ fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
     let queued = |body: &str| Script::new(&format!("{QUEUE_PRELUDE}{body}"));
     SCRIPTS.get_or_init(|| Scripts {
-        acquire: queued(ACQUIRE_BODY),
-        release: queued(RELEASE_BODY),
+        acquire: queued(&format!("{GRANT_FENCE}{ACQUIRE_BODY}")),
+        try_fenced: Script::new(&format!("{GRANT_FENCE}{TRY_FENCED}")),
+        release: Script::new(&format!("{RELEASE_FAST}{QUEUE_PRELUDE}{RELEASE_BODY}")),
         leave: queued(LEAVE_BODY),
         extend: Script::new(EXTEND),
         is_held: Script::new(IS_HELD),
@@ -221,6 +268,14 @@ impl Conn {
             Conn::Single(c) => inv.invoke_async(c).await,
             Conn::Cluster(c) => inv.invoke_async(c).await,
             Conn::Local(c) => inv.invoke_async(c).await,
+        }
+    }
+
+    async fn grant(&mut self, request: &GrantRequest) -> Result<GrantReply, RedisError> {
+        match self {
+            Conn::Single(c) => request.send(c).await,
+            Conn::Cluster(c) => request.send(c).await,
+            Conn::Local(c) => request.send(c).await,
         }
     }
 
@@ -722,7 +777,17 @@ const MIN_PLACE_LEASE_MS: u32 = 100;
 
 impl crate::backend::Coordination for RedisBackend {
     fn peek(&self, key: &str) -> Op<Option<String>> {
-        self.get(key)
+        // A key reserved for a waiter has no holder yet; the holder's token is before the mark.
+        let value = self.get(key);
+        Op::pending(async move {
+            let value = value.await?;
+            Ok(value.filter(|v| !v.starts_with(RESERVED_PREFIX)).map(|v| {
+                match v.strip_suffix(WAITED_SUFFIX) {
+                    Some(token) => token.to_owned(),
+                    None => v,
+                }
+            }))
+        })
     }
 
     fn put(&self, key: &str, value: &str, ttl: u32) -> Op<()> {
@@ -920,7 +985,7 @@ impl RedisBackend {
         self.grant_as(key, token, ttl, place.to_owned(), 0, fenced, answer)
     }
 
-    /// Runs the acquire script; with `waitForReplicas`, a grant counts only once replicated.
+    /// Sends one grant request; with `waitForReplicas`, a grant counts only once replicated.
     #[allow(clippy::too_many_arguments)]
     fn grant_as<T: Send + 'static>(
         &self,
@@ -935,43 +1000,17 @@ impl RedisBackend {
         if let Err(e) = self.check_key(key) {
             return Op::ready(Err(e));
         }
-        let keys = self.keys(key);
-        // The fence counter only when it is used: an ACL may not allow it.
-        let key_count = if fenced { 4 } else { 3 };
-        let args = [
-            token.to_owned(),
-            ttl.to_string(),
-            place,
-            lease.to_string(),
-            if fenced { "1" } else { "0" }.to_owned(),
-            FENCE_COUNTER_KEEP_MS.to_string(),
-        ];
+        let request = GrantRequest::new(self.keys(key), token, ttl, place, lease, fenced);
         let Some(w) = self.inner.options.wait_for_replicas else {
             return self.with_conn(move |inner, mut conn| async move {
-                let keys = keys.each_ref().map(String::as_str);
-                let args = args.each_ref().map(String::as_str);
-                let reply: GrantReply = conn
-                    .script(&scripts().acquire, &keys[..key_count], &args)
-                    .await
-                    .map_err(|e| inner.failure(e))?;
+                let reply = conn.grant(&request).await.map_err(|e| inner.failure(e))?;
                 Ok(answer(reply))
             });
         };
+        let (lock, token) = (key.to_owned(), token.to_owned());
         self.run(move |inner| async move {
-            let (lock, token) = (keys[0].clone(), args[0].clone());
             let (reply, acked) = inner
-                .write_and_wait(w, |c| {
-                    Box::pin(async move {
-                        let mut inv = scripts().acquire.prepare_invoke();
-                        keys[..key_count].iter().for_each(|k| {
-                            inv.key(k);
-                        });
-                        args.iter().for_each(|a| {
-                            inv.arg(a);
-                        });
-                        inv.invoke_async::<GrantReply>(c).await
-                    })
-                })
+                .write_and_wait(w, |c| Box::pin(async move { request.send(c).await }))
                 .await?;
             if reply.0 == 1 && acked < w.replicas {
                 inner.give_back(&lock, &token).await;
@@ -982,9 +1021,84 @@ impl RedisBackend {
     }
 }
 
+/// One grant request, answered as a [`GrantReply`]. A try or a first attempt is the plain
+/// `SET NX PX` (a reserved key is not free to it); a queued attempt runs the queue script.
+enum GrantRequest {
+    SetNx(redis::Cmd),
+    Script {
+        script: &'static Script,
+        keys: Vec<String>,
+        args: [String; 6],
+    },
+}
+
+impl GrantRequest {
+    fn new(
+        keys: [String; 4],
+        token: &str,
+        ttl: u32,
+        place: String,
+        lease: u32,
+        fenced: bool,
+    ) -> Self {
+        if place.is_empty() && !fenced {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(&keys[0]).arg(token).arg("NX").arg("PX").arg(ttl);
+            return GrantRequest::SetNx(cmd);
+        }
+        let script = if place.is_empty() {
+            &scripts().try_fenced
+        } else {
+            &scripts().acquire
+        };
+        // The fence counter only when it is used: an ACL may not allow it.
+        let keys = keys.into_iter().take(if fenced { 4 } else { 3 }).collect();
+        let args = [
+            token.to_owned(),
+            ttl.to_string(),
+            place,
+            lease.to_string(),
+            if fenced { "1" } else { "0" }.to_owned(),
+            FENCE_COUNTER_KEEP_MS.to_string(),
+        ];
+        GrantRequest::Script { script, keys, args }
+    }
+
+    async fn send<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+    ) -> Result<GrantReply, RedisError> {
+        match self {
+            GrantRequest::SetNx(cmd) => {
+                let set: Option<String> = cmd.query_async(conn).await?;
+                Ok(if set.is_some() { (1, 0) } else { (0, -1) })
+            }
+            GrantRequest::Script { script, keys, args } => {
+                let mut inv = script.prepare_invoke();
+                keys.iter().for_each(|k| {
+                    inv.key(k);
+                });
+                args.iter().for_each(|a| {
+                    inv.arg(a);
+                });
+                inv.invoke_async(conn).await
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scripts_and_peek_agree_on_the_marks() {
+        assert!(QUEUE_PRELUDE.contains(&format!("local RESERVED = '{RESERVED_PREFIX}'")));
+        assert!(QUEUE_PRELUDE.contains(&format!("local WAITED = '{WAITED_SUFFIX}'")));
+        for script in [RELEASE_FAST, EXTEND, IS_HELD] {
+            assert!(script.contains(&format!(".. '{WAITED_SUFFIX}'")));
+        }
+    }
 
     #[test]
     fn fence_counters_share_the_lock_slot() {

@@ -103,7 +103,8 @@ async fn subscribe(
                 }
             }
         }
-        board.wake_all();
+        // No wake-up per failed try: while pushes are down the waiters' re-checks carry them,
+        // and the subscription that comes back wakes them all.
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = stopped.notified() => return,
