@@ -117,7 +117,9 @@ export type LostReason =
   | 'expired'
   | 'max-hold'
   | 'release'
-  | 'observed';
+  | 'observed'
+  /** The backend's session that kept the lease ended (a dropped connection), reported at once. */
+  | 'session';
 
 export type LockEvent =
   | { type: 'acquired'; key: string; ttl: number; waitedMs: number; attempts: number }

@@ -33,12 +33,35 @@ struct Gated {
     /// Apply the request, then answer an error anyway (the reply was lost).
     fail_after_apply: Rc<Cell<bool>>,
     calls: RefCell<Vec<&'static str>>,
+    /// Opened when the session that keeps every lease ends (`watch_lost`).
+    session_gone: Rc<Gate>,
 }
 
 #[derive(Default)]
 struct Gate {
     open: Cell<bool>,
     waker: RefCell<Option<std::task::Waker>>,
+}
+
+impl Gate {
+    async fn opened(&self) {
+        std::future::poll_fn(|cx| {
+            if self.open.get() {
+                std::task::Poll::Ready(())
+            } else {
+                *self.waker.borrow_mut() = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
+
+    fn open(&self) {
+        self.open.set(true);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
 }
 
 fn injected() -> Error {
@@ -57,6 +80,7 @@ impl Gated {
             fail: Cell::new(false),
             fail_after_apply: Rc::default(),
             calls: RefCell::default(),
+            session_gone: Rc::default(),
         }
     }
 
@@ -91,15 +115,7 @@ impl Gated {
             Box::new(run)
         };
         Op::pending(async move {
-            std::future::poll_fn(|cx| {
-                if gate.open.get() {
-                    std::task::Poll::Ready(())
-                } else {
-                    *gate.waker.borrow_mut() = Some(cx.waker().clone());
-                    std::task::Poll::Pending
-                }
-            })
-            .await;
+            gate.opened().await;
             let answer = answer().await;
             // Read when the answer comes: a test may decide late how a stuck request ends.
             if fail_after.get() {
@@ -113,6 +129,13 @@ impl Gated {
 impl Backend for Gated {
     fn name(&self) -> &str {
         "gated"
+    }
+    fn watch_lost(&self, _key: &str, _token: &str) -> Option<Op<()>> {
+        let gone = self.session_gone.clone();
+        Some(Op::pending(async move {
+            gone.opened().await;
+            Ok(())
+        }))
     }
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let (me, k, t) = (self.inner.clone(), key.to_owned(), token.to_owned());
@@ -265,10 +288,7 @@ impl Harness {
     /// Lets the `n`th request held so far through, and runs what follows.
     fn open_gate(&mut self, n: usize) {
         let gate = self.backend.gates.borrow()[n].clone();
-        gate.open.set(true);
-        if let Some(w) = gate.waker.take() {
-            w.wake();
-        }
+        gate.open();
         self.pool.run_until_stalled();
     }
 
@@ -276,10 +296,7 @@ impl Harness {
     fn open_gates(&self) {
         let gates = std::mem::take(&mut *self.backend.gates.borrow_mut());
         for g in gates {
-            g.open.set(true);
-            if let Some(w) = g.waker.take() {
-                w.wake();
-            }
+            g.open();
         }
     }
 
@@ -1229,6 +1246,24 @@ fn a_free_key_goes_to_its_longest_waiter_not_to_a_newcomer() {
         h.clock.now(),
         1000.0,
         "every hand-off was a push, not a poll"
+    );
+}
+
+#[test]
+fn a_session_the_backend_reports_gone_loses_its_locks_at_once() {
+    let mut h = Harness::new();
+    let released = h.acquire("a", AcquireOptions::new(10_000));
+    assert!(h.pool.run_until(released.release(false)).unwrap());
+    let held = h.acquire("b", AcquireOptions::new(10_000));
+    h.run_to(500.0);
+    h.backend.session_gone.open();
+    h.pool.run_until_stalled();
+    assert_eq!(held.state(), LockState::Lost);
+    assert_eq!(held.lost_reason(), Some(LostReason::Session));
+    assert_eq!(
+        h.events(),
+        ["acquired", "released", "acquired", "lost:session"],
+        "long before the lease ends, and nothing for the released lock"
     );
 }
 

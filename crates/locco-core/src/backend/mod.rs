@@ -114,6 +114,14 @@ pub trait Backend {
     fn waiter(&self, _key: &str) -> Option<Box<dyn Waiter>> {
         None
     }
+    /// Settles when the backend learns that the lease `token` holds on `key` is gone (the
+    /// session or connection that kept it ended), so that the lock is lost at once rather than
+    /// at its next extension: `Ok` means lost. It settles at the latest when the lease ends for
+    /// any other reason (an `Err`, or `Ok` after a release, is then ignored). `None`, the
+    /// default, when the backend cannot tell.
+    fn watch_lost(&self, _key: &str, _token: &str) -> Option<Op<()>> {
+        None
+    }
     /// The fair queue of waiters, shared by every process, when the backend keeps one. Then
     /// waiters take their turn in it instead of racing for a free key (see [`Queue`]).
     fn queue(&self) -> Option<&dyn Queue> {

@@ -165,6 +165,9 @@ impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
     fn queue(&self) -> Option<&dyn crate::Queue> {
         self.inner.queue()
     }
+    fn watch_lost(&self, key: &str, token: &str) -> Option<crate::Op<()>> {
+        self.inner.watch_lost(key, token)
+    }
     fn coordination(&self) -> Option<&dyn crate::Coordination> {
         self.inner.coordination()
     }

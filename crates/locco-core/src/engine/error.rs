@@ -20,6 +20,9 @@ pub enum LostReason {
     Release,
     /// `is_held` found the key gone or another holder's.
     Observed,
+    /// The backend's session that kept the lease ended (a dropped connection, an expired
+    /// etcd lease), which it reported at once (see `Backend::watch_lost`).
+    Session,
 }
 
 impl LostReason {
@@ -32,6 +35,7 @@ impl LostReason {
             LostReason::MaxHold => "max-hold",
             LostReason::Release => "release",
             LostReason::Observed => "observed",
+            LostReason::Session => "session",
         }
     }
 }

@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use crate::backend::{Backend, Op, Waiter};
 use crate::engine::clock::checked_now;
-use crate::engine::error::{BackendErrorKind, Error, HeldReason, Result};
+use crate::engine::error::{BackendErrorKind, Error, HeldReason, LostReason, Result};
 use crate::engine::events::Event;
 use crate::engine::lock::{lease_end, Heartbeat, Lock, LockInner, LockState};
 use crate::engine::options::{random_token, validate_key, AcquireOptions, LockerOptions};
@@ -593,6 +593,17 @@ impl Locker {
         }
         if let Some(hb) = heartbeat {
             inner.schedule(sent_at + hb.interval, Due::Tick);
+        }
+        if let Some(gone) = self.shared.backend.watch_lost(&inner.key, &inner.token) {
+            // Weak: a lock nobody holds any more needs no news of its session.
+            let lock = Rc::downgrade(&inner);
+            self.shared.rt.spawner.spawn(Box::pin(async move {
+                if gone.await.is_ok() {
+                    if let Some(lock) = lock.upgrade() {
+                        lock.lose(LostReason::Session, None, lock.now());
+                    }
+                }
+            }));
         }
         Lock(inner)
     }
