@@ -172,11 +172,9 @@ impl Locker {
         abort: Option<&Abort>,
     ) -> Result<Lock> {
         let start = self.now()?;
-        let queue = self.shared.backend.queue();
-        let waiter = queue.map(|_| next_waiter_id());
-        let mut joined = false;
+        let mut place = None;
         match self
-            .take_turns(&key, options, abort, start, waiter.as_deref(), &mut joined)
+            .take_turns(&key, options, abort, start, &mut place)
             .await
         {
             Ok(won) => self.won(
@@ -190,7 +188,7 @@ impl Locker {
             ),
             Err(e) => {
                 // Whatever ended the wait, our place must not hold up the queue.
-                if let (Some(queue), Some(waiter), true) = (queue, &waiter, joined) {
+                if let (Some(queue), Some(waiter)) = (self.shared.backend.queue(), &place) {
                     let op = queue.leave(&key, waiter);
                     self.shared.rt.spawner.spawn(Box::pin(async move {
                         let _ = op.await;
@@ -201,16 +199,15 @@ impl Locker {
         }
     }
 
-    /// The attempts of one acquisition until one wins; `waiter` is our id in the backend's
-    /// fair queue, when it keeps one, and `joined` says whether we asked for a place in it.
+    /// The attempts of one acquisition until one wins. `place` gets our waiter id once we ask
+    /// for a place in the backend's fair queue, when it keeps one.
     async fn take_turns(
         &self,
         key: &str,
         options: &AcquireOptions,
         abort: Option<&Abort>,
         start: f64,
-        waiter: Option<&str>,
-        joined: &mut bool,
+        place: &mut Option<String>,
     ) -> Result<Won> {
         let policy = &options.retry;
         let budget_end = policy.timeout.map(|t| start + t);
@@ -238,27 +235,43 @@ impl Locker {
             attempt += 1;
             let sent_at = next_sent_at;
             let mut retry_in = None;
-            let queued = waiter.filter(|_| *joined);
             let mut outcome = self
-                .attempt(key, token.clone(), ttl, sent_at, budget_end, abort, queued)
+                .attempt(
+                    key,
+                    token.clone(),
+                    ttl,
+                    sent_at,
+                    budget_end,
+                    abort,
+                    place.as_deref(),
+                )
                 .await;
             // The first attempt is a plain try, as cheap as without a queue (a try never takes
-            // a key promised to a waiter). When it finds the key taken and we may wait, we
-            // join the queue at once, in the same attempt.
-            if waiter.is_some() && !*joined {
-                *joined = policy.retries != Some(0);
-                if *joined && matches!(outcome, Ok(Attempt::Missed(HeldReason::Held, _))) {
+            // a key promised to a waiter). When we may wait, later attempts are queued; when
+            // the try found the key taken, we join the queue at once, in the same attempt.
+            if attempt == 1 && self.shared.backend.queue().is_some() && policy.retries != Some(0) {
+                *place = Some(next_waiter_id());
+                if matches!(outcome, Ok(Attempt::Missed(HeldReason::Held, _))) {
                     let sent_at = self.now()?;
                     outcome = self
-                        .attempt(key, token.clone(), ttl, sent_at, budget_end, abort, waiter)
+                        .attempt(
+                            key,
+                            token.clone(),
+                            ttl,
+                            sent_at,
+                            budget_end,
+                            abort,
+                            place.as_deref(),
+                        )
                         .await;
                 }
             }
+            let joined = place.is_some();
             // A queued waiter rides out a connection that drops or a server that restarts:
             // its place (or the queue) may be gone, but its next attempt asks again, and
             // the budget still bounds the wait. Anything else ends the acquisition.
             let outcome = match outcome {
-                Err(e) if *joined && answered.is_some() && is_transient(&e) => {
+                Err(e) if joined && answered.is_some() && is_transient(&e) => {
                     failed = Some(e);
                     Attempt::NoAnswer
                 }
@@ -345,7 +358,7 @@ impl Locker {
             previous_delay = delay;
             // A delay of 0 still yields to the event loop, so a busy key cannot starve it.
             let mut wait = delay.max(MIN_WAIT_MS);
-            if *joined {
+            if joined {
                 // In a fair queue a push wakes us; the wait is only the backstop, and renews
                 // our place. At the head, the holder's lease end is worth a look too.
                 wait = wait.min(QUEUE_RECHECK_MS);
@@ -357,7 +370,7 @@ impl Locker {
             let wake_at = budget_end.map_or(wake_at, |e| e.min(wake_at));
             let wakeups = wakeups.get_or_insert_with(|| {
                 let backend = &self.shared.backend;
-                match (backend.queue(), waiter.filter(|_| *joined)) {
+                match (backend.queue(), place.as_deref()) {
                     (Some(queue), Some(id)) => queue.wakeups(key, id),
                     _ => backend
                         .waiter(key)
