@@ -251,15 +251,15 @@ enum Conn {
 }
 
 impl Conn {
-    async fn script<T: redis::FromRedisValue>(
+    async fn script<T: redis::FromRedisValue, K: AsRef<str>>(
         &mut self,
         script: &Script,
-        keys: &[&str],
+        keys: &[K],
         args: &[&str],
     ) -> Result<T, RedisError> {
         let mut inv = script.prepare_invoke();
         keys.iter().for_each(|k| {
-            inv.key(*k);
+            inv.key(k.as_ref());
         });
         args.iter().for_each(|a| {
             inv.arg(*a);
@@ -367,10 +367,19 @@ pub fn hash_tag(key: &str) -> Option<&str> {
 /// wrapped in a hash tag when it has none.
 fn beside(key: &str, suffix: &str) -> String {
     if hash_tag(key).is_some() {
-        format!("{key}:{suffix}")
+        suffixed(key, suffix)
     } else {
         format!("{{{key}}}:{suffix}")
     }
+}
+
+/// `<key>:<suffix>`, without the formatting machinery: it runs for every release.
+fn suffixed(key: &str, suffix: &str) -> String {
+    let mut s = String::with_capacity(key.len() + 1 + suffix.len());
+    s.push_str(key);
+    s.push(':');
+    s.push_str(suffix);
+    s
 }
 
 /// The key of a lock's fencing counter, in the same hash slot as the lock.
@@ -378,20 +387,21 @@ pub fn fence_key(key: &str) -> String {
     beside(key, "locco-fence")
 }
 
-/// The keys the scripts take: the lock, its queue, its places' deadlines, its fence counter.
-/// The queue's keys start with the lock's key where they can (not on a Cluster, where a key
-/// without a hash tag needs one), so ACL key patterns that allow the lock allow its queue.
-fn lock_keys(key: &str, cluster: bool) -> [String; 4] {
+/// The keys the scripts take: the lock, its queue, its places' deadlines, and its fence
+/// counter when `fenced` (an ACL may not allow it). The queue's keys start with the lock's key
+/// where they can (not on a Cluster, where a key without a hash tag needs one), so ACL key
+/// patterns that allow the lock allow its queue.
+fn lock_keys(key: &str, cluster: bool, fenced: bool) -> Vec<String> {
     let queue = |suffix: &str| match cluster {
         true => beside(key, suffix),
-        false => format!("{key}:{suffix}"),
+        false => suffixed(key, suffix),
     };
-    [
-        key.to_owned(),
-        queue("locco-q"),
-        queue("locco-qt"),
-        fence_key(key),
-    ]
+    let mut keys = Vec::with_capacity(4);
+    keys.extend([key.to_owned(), queue("locco-q"), queue("locco-qt")]);
+    if fenced {
+        keys.push(fence_key(key));
+    }
+    keys
 }
 
 impl RedisBackend {
@@ -761,9 +771,9 @@ impl Inner {
 
     async fn give_back(self: &Arc<Self>, key: &str, token: &str) {
         if let Ok(mut conn) = self.conn().await {
-            let k = lock_keys(key, self.options.cluster);
+            let keys = lock_keys(key, self.options.cluster, false);
             let _ = conn
-                .script::<i64>(&scripts().release, &[&k[0], &k[1], &k[2]], &[token])
+                .script::<i64, _>(&scripts().release, &keys, &[token])
                 .await;
         }
     }
@@ -831,11 +841,10 @@ impl Backend for RedisBackend {
     }
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
-        let (keys, token) = (self.keys(key), token.to_owned());
+        let (keys, token) = (self.keys(key, false), token.to_owned());
         self.with_conn(move |inner, mut conn| async move {
-            let [lock, queue, places, _] = &keys;
             let deleted: i64 = conn
-                .script(&scripts().release, &[lock, queue, places], &[&token])
+                .script(&scripts().release, &keys, &[&token])
                 .await
                 .map_err(|e| inner.failure(e))?;
             Ok(deleted == 1)
@@ -932,10 +941,9 @@ impl Queue for RedisBackend {
         if let Err(e) = self.check_key(key) {
             return Op::ready(Err(e));
         }
-        let (keys, place) = (self.keys(key), self.place(waiter));
+        let (keys, place) = (self.keys(key, false), self.place(waiter));
         self.with_conn(move |inner, mut conn| async move {
-            let [lock, queue, places, _] = &keys;
-            conn.script::<i64>(&scripts().leave, &[lock, queue, places], &[&place])
+            conn.script::<i64, _>(&scripts().leave, &keys, &[&place])
                 .await
                 .map(drop)
                 .map_err(|e| inner.failure(e))
@@ -948,8 +956,8 @@ impl Queue for RedisBackend {
 }
 
 impl RedisBackend {
-    fn keys(&self, key: &str) -> [String; 4] {
-        lock_keys(key, self.inner.options.cluster)
+    fn keys(&self, key: &str, fenced: bool) -> Vec<String> {
+        lock_keys(key, self.inner.options.cluster, fenced)
     }
 
     /// Our place in a queue: this adapter's channel and the waiter.
@@ -1000,7 +1008,10 @@ impl RedisBackend {
         if let Err(e) = self.check_key(key) {
             return Op::ready(Err(e));
         }
-        let request = GrantRequest::new(self.keys(key), token, ttl, place, lease, fenced);
+        let request = match place.is_empty() && !fenced {
+            true => GrantRequest::set_nx(key, token, ttl),
+            false => GrantRequest::script(self.keys(key, fenced), token, ttl, place, lease, fenced),
+        };
         let Some(w) = self.inner.options.wait_for_replicas else {
             return self.with_conn(move |inner, mut conn| async move {
                 let reply = conn.grant(&request).await.map_err(|e| inner.failure(e))?;
@@ -1033,26 +1044,26 @@ enum GrantRequest {
 }
 
 impl GrantRequest {
-    fn new(
-        keys: [String; 4],
+    fn set_nx(key: &str, token: &str, ttl: u32) -> Self {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl);
+        GrantRequest::SetNx(cmd)
+    }
+
+    /// A fenced try (no place), or a queued attempt.
+    fn script(
+        keys: Vec<String>,
         token: &str,
         ttl: u32,
         place: String,
         lease: u32,
         fenced: bool,
     ) -> Self {
-        if place.is_empty() && !fenced {
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(&keys[0]).arg(token).arg("NX").arg("PX").arg(ttl);
-            return GrantRequest::SetNx(cmd);
-        }
         let script = if place.is_empty() {
             &scripts().try_fenced
         } else {
             &scripts().acquire
         };
-        // The fence counter only when it is used: an ACL may not allow it.
-        let keys = keys.into_iter().take(if fenced { 4 } else { 3 }).collect();
         let args = [
             token.to_owned(),
             ttl.to_string(),
