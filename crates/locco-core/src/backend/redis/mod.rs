@@ -24,8 +24,8 @@ mod pushes;
 
 use failure::failure_of;
 
-/// What the queue scripts share. KEYS[1] the lock, KEYS[2] its queue (a list of places,
-/// oldest first), KEYS[3] each place's deadline (a sorted set, server ms). A place is
+/// What the queue scripts share. KEYS[1] the lock, KEYS[2] its queue (QUEUE: a list of
+/// places, oldest first), KEYS[3] each place's deadline (PLACES: a sorted set, server ms). A place is
 /// `<channel>|<waiter>`: the channel of the adapter that waits, so a push reaches only it.
 ///
 /// Two marks in the lock's value keep the uncontended path as it is without a queue:
@@ -38,6 +38,10 @@ use failure::failure_of;
 const QUEUE_PRELUDE: &str = r"
 local RESERVED = 'locco:reserved|'
 local WAITED = '|locco:waited'
+-- The queue and its deadlines; a release on a standalone server sends the lock's key alone
+-- (see RELEASE_FAST).
+local QUEUE = KEYS[2] or KEYS[1] .. ':locco-q'
+local PLACES = KEYS[3] or KEYS[1] .. ':locco-qt'
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -46,12 +50,12 @@ end
 -- lease ran out.
 local function head(now)
   while true do
-    local h = redis.call('LINDEX', KEYS[2], 0)
+    local h = redis.call('LINDEX', QUEUE, 0)
     if not h then return nil end
-    local d = tonumber(redis.call('ZSCORE', KEYS[3], h) or '0')
+    local d = tonumber(redis.call('ZSCORE', PLACES, h) or '0')
     if d > now then return h, d end
-    redis.call('LPOP', KEYS[2])
-    redis.call('ZREM', KEYS[3], h)
+    redis.call('LPOP', QUEUE)
+    redis.call('ZREM', PLACES, h)
   end
 end
 local function wake(h)
@@ -66,7 +70,7 @@ local function reserve(h, d, now)
 end
 -- The key is ours no more: the head's, or nobody's.
 local function hand_over()
-  if redis.call('EXISTS', KEYS[2]) == 1 then
+  if redis.call('EXISTS', QUEUE) == 1 then
     local now = now_ms()
     local h, d = head(now)
     if h then return reserve(h, d, now) end
@@ -89,9 +93,9 @@ local free = v == false or (string.sub(v, 1, #RESERVED) == RESERVED and v ~= RES
 if (free or v == RESERVED .. me) and (h == nil or h == me) then
   local value = ARGV[1]
   if h then
-    redis.call('LPOP', KEYS[2])
-    redis.call('ZREM', KEYS[3], h)
-    if redis.call('LLEN', KEYS[2]) > 0 then value = value .. WAITED end
+    redis.call('LPOP', QUEUE)
+    redis.call('ZREM', PLACES, h)
+    if redis.call('LLEN', QUEUE) > 0 then value = value .. WAITED end
   end
   redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
   return grant()
@@ -102,13 +106,13 @@ if free then reserve(h, d, now) elseif h and v == RESERVED .. h then wake(h)
 elseif string.sub(v, 1, #RESERVED) ~= RESERVED and string.sub(v, -#WAITED) ~= WAITED then
   redis.call('SET', KEYS[1], v .. WAITED, 'KEEPTTL')
 end
-if not redis.call('ZSCORE', KEYS[3], me) then
-  redis.call('RPUSH', KEYS[2], me)
+if not redis.call('ZSCORE', PLACES, me) then
+  redis.call('RPUSH', QUEUE, me)
 end
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), me)
+redis.call('ZADD', PLACES, now + tonumber(ARGV[4]), me)
 -- The queue outlives every place in it, and goes when its last waiter does.
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-redis.call('PEXPIRE', KEYS[3], ARGV[4])
+redis.call('PEXPIRE', QUEUE, ARGV[4])
+redis.call('PEXPIRE', PLACES, ARGV[4])
 if h == nil or h == me then
   return {0, redis.call('PTTL', KEYS[1])}
 end
@@ -140,6 +144,11 @@ return {0, -1}";
 
 /// Deletes the key only when it still carries our token; with someone waiting (the prelude
 /// comes between the two parts, defined only then), reserves it for the next waiter.
+///
+/// Every release runs it, so on a standalone server it is sent the lock's key alone, as
+/// without a queue, and the queue's keys are named in the script (`<key>:locco-q…`, the
+/// names `lock_keys` gives there). A standalone server does not need a script's keys declared;
+/// a Cluster does (to route it), and gets all three.
 const RELEASE_FAST: &str = r"
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -152,8 +161,8 @@ return 1";
 /// Gives up our place (ARGV[1]). A key reserved for us, or left free by a holder whose lease
 /// ran out, goes to the next waiter.
 const LEAVE_BODY: &str = r"
-redis.call('LREM', KEYS[2], 0, ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('LREM', QUEUE, 0, ARGV[1])
+redis.call('ZREM', PLACES, ARGV[1])
 local v = redis.call('GET', KEYS[1])
 if v == false or v == RESERVED .. ARGV[1] then hand_over() end
 return 1";
@@ -837,11 +846,27 @@ impl Backend for RedisBackend {
     }
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
-        self.grant(key, token, ttl, "", false, |(granted, _)| granted == 1)
+        if self.inner.options.wait_for_replicas.is_some() {
+            return self.grant(key, token, ttl, "", false, |(granted, _)| granted == 1);
+        }
+        // The path of every uncontended lock: one command, straight to the connection.
+        if let Err(e) = self.check_key(key) {
+            return Op::ready(Err(e));
+        }
+        let cmd = set_nx(key, token, ttl);
+        self.with_conn(move |inner, mut conn| async move {
+            let set: Option<String> = conn.query(&cmd).await.map_err(|e| inner.failure(e))?;
+            Ok(set.is_some())
+        })
     }
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
-        let (keys, token) = (self.keys(key, false), token.to_owned());
+        // The lock's key alone where the server allows it (see RELEASE_FAST).
+        let keys = match self.inner.options.cluster {
+            true => self.keys(key, false),
+            false => vec![key.to_owned()],
+        };
+        let token = token.to_owned();
         self.with_conn(move |inner, mut conn| async move {
             let deleted: i64 = conn
                 .script(&scripts().release, &keys, &[&token])
@@ -1009,7 +1034,7 @@ impl RedisBackend {
             return Op::ready(Err(e));
         }
         let request = match place.is_empty() && !fenced {
-            true => GrantRequest::set_nx(key, token, ttl),
+            true => GrantRequest::SetNx(set_nx(key, token, ttl)),
             false => GrantRequest::script(self.keys(key, fenced), token, ttl, place, lease, fenced),
         };
         let Some(w) = self.inner.options.wait_for_replicas else {
@@ -1032,6 +1057,12 @@ impl RedisBackend {
     }
 }
 
+fn set_nx(key: &str, token: &str, ttl: u32) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl);
+    cmd
+}
+
 /// One grant request, answered as a [`GrantReply`]. A try or a first attempt is the plain
 /// `SET NX PX` (a reserved key is not free to it); a queued attempt runs the queue script.
 enum GrantRequest {
@@ -1044,12 +1075,6 @@ enum GrantRequest {
 }
 
 impl GrantRequest {
-    fn set_nx(key: &str, token: &str, ttl: u32) -> Self {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl);
-        GrantRequest::SetNx(cmd)
-    }
-
     /// A fenced try (no place), or a queued attempt.
     fn script(
         keys: Vec<String>,
@@ -1109,6 +1134,13 @@ mod tests {
         for script in [RELEASE_FAST, EXTEND, IS_HELD] {
             assert!(script.contains(&format!(".. '{WAITED_SUFFIX}'")));
         }
+        // A standalone release names the queue's keys itself, as lock_keys does.
+        assert_eq!(
+            lock_keys("k", false, false),
+            ["k", "k:locco-q", "k:locco-qt"]
+        );
+        assert!(QUEUE_PRELUDE.contains("KEYS[2] or KEYS[1] .. ':locco-q'"));
+        assert!(QUEUE_PRELUDE.contains("KEYS[3] or KEYS[1] .. ':locco-qt'"));
     }
 
     #[test]
