@@ -12,12 +12,17 @@ export interface MutexManagerOptions {
   redis?: { url?: string; urls?: string | string[] };
   /** A distinct lock domain. */
   namespace?: string;
-  /** Lease length in ms (positive safe integer). Default 60000. */
+  /** Lease length in ms (positive safe integer). Default 30000. */
   lockTTL?: number;
-  /** Renewal interval in ms, shorter than lockTTL; 0 or less turns renewal off. Default lockTTL/3. */
+  /** Renewal interval in ms, shorter than lockTTL; 0 or less turns renewal off. Default lockTTL/2. */
   lockExtendInterval?: number;
   /** What a nested distributed wait does without wait-for metadata. Default 'strict'. */
   coordinationFailureMode?: 'strict' | 'best-effort';
+  /**
+   * Default true (AsyncLocalStorage). false: run as on runtimes without it, where the context
+   * follows only the synchronous part of a callback and async hops need `context` by hand.
+   */
+  asyncContextTracking?: boolean;
 }
 
 /** Options of a manager that locks across processes: an adapter, or Redis connection options. */
@@ -31,7 +36,8 @@ interface MutexOperationBase {
   requestTime: number;
   startTime: number;
   currentMutex: { id: string; queueSize: number; isLocked: boolean };
-  heldMutexIds: ReadonlySet<string>;
+  /** The ids the call context owns, outermost first. */
+  heldMutexIds: readonly string[];
   contextToken: MutexRunContext;
   /** Aborts when the operation is aborted or, on a distributed manager, when the lease is lost. */
   abortSignal: AbortSignal;

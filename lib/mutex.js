@@ -66,13 +66,58 @@ class MutexRunContext {
     this.id = randomUUID();
     /** @type {Map<string, number>} */
     this.held = new Map();
-    /** @type {string | undefined} */
-    this.waitingFor = undefined;
     /** Tokens of the distributed locks the chain holds, by mutex id: its ownership generation. */
     /** @type {Map<string, string>} */
     this.tokens = new Map();
     /** The distributed locks themselves, by mutex id: a re-entry asserts the outer one. */
     this.locks = new Map();
+  }
+}
+
+/**
+ * One ownership of a mutex: made when an operation takes it, gone when it lets go. Wait edges
+ * name the holds their chain had when the wait began (its ownership generation), so a hold
+ * taken or given back later, by another branch sharing the context, never joins a cycle.
+ */
+class Hold {
+  constructor(id, context) {
+    this.id = id;
+    this.context = context;
+    /** @type {string | undefined} the distributed lock's token, on a distributed manager */
+    this.token = undefined;
+  }
+}
+
+/**
+ * Where an operation runs: its context and the holds of its call chain (its own and those of
+ * the operations it is nested in).
+ */
+class Frame {
+  constructor(context, holds) {
+    this.context = context;
+    /** @type {Hold[]} */
+    this.holds = holds;
+  }
+}
+
+/**
+ * The current frame without AsyncLocalStorage, as on runtimes that lack it: only while an
+ * operation's callback runs synchronously. Across an async hop, pass `context` by hand.
+ */
+class StackTracker {
+  constructor() {
+    this._stack = [];
+  }
+  getStore() {
+    return this._stack[this._stack.length - 1];
+  }
+  run(frame, fn) {
+    this._stack.push(frame);
+    try {
+      return fn();
+    } finally {
+      this._stack.pop();
+    }
   }
 }
 
@@ -82,10 +127,17 @@ function chainOf(token) {
   return dot === -1 ? undefined : token.slice(0, dot);
 }
 
-function checkOptions(options) {
-  if (options === undefined) return {};
+function checkOptions(options = {}) {
   if (options === null || typeof options !== 'object') throw validation('options', 'must be an object');
-  refuseUnknown('', options, ['adapter', 'redis', 'namespace', 'lockTTL', 'lockExtendInterval', 'coordinationFailureMode']);
+  refuseUnknown('', options, [
+    'adapter',
+    'redis',
+    'namespace',
+    'lockTTL',
+    'lockExtendInterval',
+    'coordinationFailureMode',
+    'asyncContextTracking',
+  ]);
   if (options.adapter !== undefined && options.redis !== undefined) {
     throw validation('redis', 'cannot be given with adapter: pass one of them (redis makes the manager its own RedisAdapter)');
   }
@@ -93,7 +145,8 @@ function checkOptions(options) {
     if (options.redis === null || typeof options.redis !== 'object') throw validation('redis', 'must be an object { url } or { urls }');
     refuseUnknown('redis', options.redis, ['url', 'urls']);
   }
-  const { lockTTL = 60_000, lockExtendInterval, namespace, coordinationFailureMode = 'strict' } = options;
+  const { lockTTL = 30_000, lockExtendInterval, namespace, coordinationFailureMode = 'strict', asyncContextTracking = true } = options;
+  if (typeof asyncContextTracking !== 'boolean') throw validation('asyncContextTracking', 'must be a boolean');
   if (!Number.isSafeInteger(lockTTL) || lockTTL <= 0) throw validation('lockTTL', 'must be a positive safe integer of ms');
   if (lockExtendInterval !== undefined && typeof lockExtendInterval !== 'number') {
     throw validation('lockExtendInterval', 'must be a number of ms');
@@ -107,7 +160,13 @@ function checkOptions(options) {
   if (!['strict', 'best-effort'].includes(coordinationFailureMode)) {
     throw validation('coordinationFailureMode', "must be 'strict' or 'best-effort'");
   }
-  return { lockTTL, lockExtendInterval: lockExtendInterval ?? Math.floor(lockTTL / 3), namespace, coordinationFailureMode };
+  return {
+    lockTTL,
+    lockExtendInterval: lockExtendInterval ?? Math.floor(lockTTL / 2),
+    namespace,
+    coordinationFailureMode,
+    asyncContextTracking,
+  };
 }
 
 class MutexManager {
@@ -118,8 +177,10 @@ class MutexManager {
    */
   constructor(options) {
     const checked = checkOptions(options);
-    this._mutexes = new Map(); // id -> { owner, queue: [] }
-    this._als = new AsyncLocalStorage();
+    this._mutexes = new Map(); // id -> { owner, hold, queue: [] }
+    /** Waits in progress, with the holds of their chains: the local wait-for graph. */
+    this._waits = new Set();
+    this._als = checked.asyncContextTracking ? new AsyncLocalStorage() : new StackTracker();
     this._owned = undefined;
     this._options = checked;
     let adapter = options && options.adapter;
@@ -152,12 +213,15 @@ class MutexManager {
 
   /** The context of the operation running now, if any. */
   getCurrentContext() {
-    return this._als.getStore();
+    return this._als.getStore()?.context;
   }
 
-  /** True: Node.js has AsyncLocalStorage, so contexts follow async hops on their own. */
+  /**
+   * True when contexts follow async hops on their own (AsyncLocalStorage); false with
+   * `asyncContextTracking: false`, where a nested call after an await needs `context`.
+   */
   isAsyncContextTrackingSupported() {
-    return true;
+    return this._als instanceof AsyncLocalStorage;
   }
 
   /** Closes what the manager owns (a Redis adapter made from `redis` options). */
@@ -168,26 +232,45 @@ class MutexManager {
   _mutex(id) {
     let m = this._mutexes.get(id);
     if (m === undefined) {
-      m = { owner: undefined, queue: [] };
+      m = { owner: undefined, hold: undefined, queue: [] };
       this._mutexes.set(id, m);
     }
     return m;
   }
 
-  /** The cycle that waiting for `id` would close, starting and ending at `id`, or undefined. */
-  _cycle(context, id) {
-    const path = [id];
+  /**
+   * The holds a new wait by `context` stands for. With AsyncLocalStorage: those of the calling
+   * chain, so a branch that shares a context but holds nothing is no part of a cycle. Without
+   * it the chain cannot be told apart from its siblings: every hold of the context, as it is
+   * when the wait begins.
+   */
+  _chainHolds(context) {
+    if (this._als instanceof AsyncLocalStorage) return this._als.getStore()?.holds ?? [];
+    const holds = [];
+    for (const m of this._mutexes.values()) if (m.hold?.context === context) holds.push(m.hold);
+    return holds;
+  }
+
+  /**
+   * The cycle that a wait for `id` by a chain holding `holds` would close, as mutex ids
+   * starting and ending at `id`, or undefined: the holder of `id`, a wait of that holder's
+   * chain, the holder of what it waits for, and so on back to one of `holds`.
+   */
+  _cycle(holds, id) {
     const seen = new Set();
-    let owner = this._mutexes.get(id)?.owner;
-    while (owner !== undefined && !seen.has(owner)) {
-      if (owner === context) return [...path, id];
-      seen.add(owner);
-      const next = owner.waitingFor;
-      if (next === undefined) return undefined;
-      path.push(next);
-      owner = this._mutexes.get(next)?.owner;
-    }
-    return undefined;
+    const walk = (mutexId, path) => {
+      const hold = this._mutexes.get(mutexId)?.hold;
+      if (hold === undefined || seen.has(hold)) return undefined;
+      if (holds.includes(hold)) return [...path, id];
+      seen.add(hold);
+      for (const wait of this._waits) {
+        if (!wait.holds.includes(hold)) continue;
+        const cycle = walk(wait.id, [...path, wait.id]);
+        if (cycle) return cycle;
+      }
+      return undefined;
+    };
+    return walk(id, [id]);
   }
 
   /**
@@ -202,64 +285,115 @@ class MutexManager {
     refuseUnknown('', options, ['waitIfLocked', 'timeoutMs', 'signal', 'onAbort', 'context']);
     const { waitIfLocked = true, timeoutMs, signal, onAbort } = options;
     const requestTime = Date.now();
-    const context = options.context ?? this._als.getStore() ?? new MutexRunContext();
+    const context = options.context ?? this._als.getStore()?.context ?? new MutexRunContext();
+    const chainHolds = this._chainHolds(context);
     if (context.held.has(id)) {
       // Re-entry: the chain already owns the mutex.
       context.held.set(id, context.held.get(id) + 1);
+      const hold = this._mutexes.get(id).hold;
+      const holds = chainHolds.includes(hold) ? chainHolds : [...chainHolds, hold];
+      const abort = new AbortController();
+      const running = this._invoke(id, operation, new Frame(context, holds), requestTime, abort, context.locks.get(id));
+      const letGo = () => context.held.set(id, context.held.get(id) - 1);
+      if (signal !== undefined) return this._settle(id, running, signal, abort, letGo);
       try {
-        return await this._invoke(id, operation, context, requestTime, undefined, context.locks.get(id));
+        return await running;
       } finally {
-        context.held.set(id, context.held.get(id) - 1);
+        letGo();
       }
     }
     const mutex = this._mutex(id);
     const free = mutex.owner === undefined && mutex.queue.length === 0;
     if (!free) {
       if (!waitIfLocked) return undefined;
-      const cycle = this._cycle(context, id);
+      const cycle = this._cycle(chainHolds, id);
       if (cycle) throw new MutexDeadlockError(id, cycle);
       if (timeoutMs !== undefined && timeoutMs <= 0) throw new MutexTimeoutError(id, timeoutMs);
     }
     const abort = new AbortController();
     if (signal?.aborted) throw new MutexAbortedError(id, signal.reason);
-    await (free ? this._take(mutex, context) : this._wait(id, mutex, context, { timeoutMs, signal, onAbort, abort }));
+    await (free ? this._take(id, mutex, context) : this._wait(id, mutex, context, chainHolds, { timeoutMs, signal, onAbort, abort }));
     context.held.set(id, 1);
+    const hold = mutex.hold;
     let lock;
-    try {
-      if (this._locker) {
-        lock = await this._distributed(id, context, { waitIfLocked, timeoutMs, signal, requestTime });
-        if (lock === null) return undefined;
-        context.tokens.set(id, lock.token);
-        context.locks.set(id, lock);
-      }
-      const onOuterAbort = () => abort.abort(signal.reason);
-      signal?.addEventListener('abort', onOuterAbort, { once: true });
-      try {
-        return await this._invoke(id, operation, context, requestTime, abort, lock);
-      } finally {
-        signal?.removeEventListener('abort', onOuterAbort);
-      }
-    } finally {
+    const letGo = () => {
       context.held.delete(id);
       context.tokens.delete(id);
       context.locks.delete(id);
-      if (lock) await lock[Symbol.asyncDispose]().catch(() => {});
-      this._release(id, mutex);
+      if (!lock) return this._release(id, mutex);
+      return lock[Symbol.asyncDispose]()
+        .catch(() => {})
+        .then(() => this._release(id, mutex));
+    };
+    let running;
+    try {
+      if (this._locker) {
+        const chainTokens = chainHolds.map((h) => h.token).filter(Boolean);
+        lock = await this._distributed(id, context, { waitIfLocked, timeoutMs, signal, requestTime, chainTokens });
+        if (lock === null) return undefined;
+        hold.token = lock.token;
+        context.tokens.set(id, lock.token);
+        context.locks.set(id, lock);
+      }
+      running = this._invoke(id, operation, new Frame(context, [...chainHolds, hold]), requestTime, abort, lock);
+    } catch (error) {
+      await letGo();
+      throw error;
+    }
+    if (signal !== undefined) return this._settle(id, running, signal, abort, letGo);
+    try {
+      return await running;
+    } finally {
+      const done = letGo();
+      if (done) await done;
     }
   }
 
-  _take(mutex, context) {
-    mutex.owner = context;
+  /**
+   * The caller's view of a running callback: its outcome, or MutexAbortedError as soon as
+   * `signal` aborts (the callback's abortSignal aborts too). `letGo` runs once the callback has
+   * settled, whichever came first: the mutex stays held while the callback still runs.
+   */
+  async _settle(id, running, signal, abort, letGo) {
+    const finished = running.then(
+      (value) => ({ value }),
+      (error) => ({ error }),
+    );
+    const released = finished.then(letGo);
+    let onAbort;
+    const aborted = new Promise((resolve) => {
+      onAbort = () => {
+        abort.abort(signal.reason);
+        resolve();
+      };
+      if (signal.aborted) onAbort();
+      else signal.addEventListener('abort', onAbort, { once: true });
+    });
+    const first = await Promise.race([finished, aborted]);
+    signal.removeEventListener('abort', onAbort);
+    if (first === undefined) {
+      released.catch(() => {});
+      throw new MutexAbortedError(id, signal.reason);
+    }
+    await released;
+    if ('error' in first) throw first.error;
+    return first.value;
   }
 
-  _wait(id, mutex, context, { timeoutMs, signal, onAbort, abort }) {
+  _take(id, mutex, context) {
+    mutex.owner = context;
+    mutex.hold = new Hold(id, context);
+  }
+
+  _wait(id, mutex, context, holds, { timeoutMs, signal, onAbort, abort }) {
     return new Promise((resolve, reject) => {
       const entry = { context, grant: undefined };
+      const waiting = { id, holds };
       let timer;
       const leave = (error) => {
         const at = mutex.queue.indexOf(entry);
         if (at !== -1) mutex.queue.splice(at, 1);
-        context.waitingFor = undefined;
+        this._waits.delete(waiting);
         clearTimeout(timer);
         signal?.removeEventListener('abort', onSignal);
         abort.abort(error);
@@ -269,12 +403,12 @@ class MutexManager {
       entry.grant = () => {
         clearTimeout(timer);
         signal?.removeEventListener('abort', onSignal);
-        context.waitingFor = undefined;
-        mutex.owner = context;
+        this._waits.delete(waiting);
+        this._take(id, mutex, context);
         resolve();
       };
       mutex.queue.push(entry);
-      context.waitingFor = id;
+      this._waits.add(waiting);
       if (timeoutMs !== undefined) timer = setTimeout(() => leave(new MutexTimeoutError(id, timeoutMs)), timeoutMs);
       signal?.addEventListener('abort', onSignal, { once: true });
       if (onAbort) onAbort((reason) => mutex.queue.includes(entry) && leave(new MutexAbortedError(id, reason)));
@@ -283,13 +417,14 @@ class MutexManager {
 
   _release(id, mutex) {
     mutex.owner = undefined;
+    mutex.hold = undefined;
     const next = mutex.queue.shift();
     if (next) next.grant();
     else this._mutexes.delete(id);
   }
 
   /** The cross-process lease behind a local grant; null when waitIfLocked is false and taken. */
-  async _distributed(id, context, { waitIfLocked, timeoutMs, signal, requestTime }) {
+  async _distributed(id, context, { waitIfLocked, timeoutMs, signal, requestTime, chainTokens }) {
     const o = this._options;
     const key = o.namespace
       ? `uniquemutex-v2:${encodeURIComponent(o.namespace)}:${encodeURIComponent(id)}`
@@ -308,9 +443,9 @@ class MutexManager {
       });
       if (first || !waitIfLocked) return first;
       if (timeoutMs !== undefined && timeoutMs <= 0) throw new MutexTimeoutError(id, timeoutMs);
-      const nested = context.held.size > 1;
+      const nested = chainTokens.length > 0;
       if (nested && this._coordination !== undefined) {
-        return await this._coordinatedWait(id, key, context, { ttl, autoExtend, timeoutMs, signal, requestTime });
+        return await this._coordinatedWait(id, key, context, { ttl, autoExtend, timeoutMs, signal, requestTime, chainTokens });
       }
       if (nested && o.coordinationFailureMode === 'strict') {
         // Wait-for edges across processes are not published yet, so a chain that holds a
@@ -343,7 +478,7 @@ class MutexManager {
    * the tokens it holds, its ownership generation), then polls, looking for a cycle through the
    * other chains' edges each time the key is still taken.
    */
-  async _coordinatedWait(id, key, context, { ttl, autoExtend, timeoutMs, signal, requestTime }) {
+  async _coordinatedWait(id, key, context, { ttl, autoExtend, timeoutMs, signal, requestTime, chainTokens }) {
     const strict = this._options.coordinationFailureMode === 'strict';
     const coordinationFailed = (error) => {
       if (strict) {
@@ -351,7 +486,7 @@ class MutexManager {
       }
     };
     const edgeKey = EDGE_PREFIX + context.id;
-    const edge = JSON.stringify({ id, key, holds: [...context.tokens.values()] });
+    const edge = JSON.stringify({ id, key, holds: chainTokens });
     let published = true;
     await this._bounded(this._coord(PUT, edgeKey, edge, ttl), id, timeoutMs, requestTime, signal).catch((error) => {
       published = false;
@@ -360,7 +495,7 @@ class MutexManager {
     });
     try {
       for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
-        const cycle = await this._bounded(this._findCycle(context, id, key), id, timeoutMs, requestTime, signal).catch(
+        const cycle = await this._bounded(this._findCycle(context, chainTokens, id, key), id, timeoutMs, requestTime, signal).catch(
           (error) => {
             if (error instanceof MutexTimeoutError || error instanceof MutexAbortedError) throw error;
             return coordinationFailed(error);
@@ -416,7 +551,7 @@ class MutexManager {
    * to this chain. An edge whose recorded tokens do not include the owner's token is stale and
    * ends the walk.
    */
-  async _findCycle(context, id, key) {
+  async _findCycle(context, chainTokens, id, key) {
     const path = [id];
     const seen = new Set();
     for (let k = key, hops = 0; hops < 64; hops++) {
@@ -424,7 +559,7 @@ class MutexManager {
       const chain = token && chainOf(token);
       if (!chain) return undefined;
       if (chain === context.id) {
-        const ours = [...context.tokens.values()].includes(token);
+        const ours = chainTokens.includes(token);
         return ours ? { ids: [...path, id], chains: [...seen, context.id] } : undefined;
       }
       if (seen.has(chain)) return undefined;
@@ -439,16 +574,16 @@ class MutexManager {
     return undefined;
   }
 
-  async _invoke(id, operation, context, requestTime, abort, lock) {
+  /** Runs the callback in `frame`; a promise of its outcome, even when it throws at once. */
+  async _invoke(id, operation, frame, requestTime, abort, lock) {
     const mutex = this._mutexes.get(id);
-    const abortSignal = lock
-      ? AbortSignal.any([(abort ?? new AbortController()).signal, lock.signal])
-      : (abort ?? new AbortController()).signal;
+    const { context } = frame;
+    const abortSignal = lock ? AbortSignal.any([abort.signal, lock.signal]) : abort.signal;
     const args = {
       requestTime,
       startTime: Date.now(),
       currentMutex: { id, queueSize: mutex ? mutex.queue.length : 0, isLocked: true },
-      heldMutexIds: new Set(context.held.keys()),
+      heldMutexIds: Object.freeze([...context.held.keys()]),
       contextToken: context,
       abortSignal,
     };
@@ -457,7 +592,7 @@ class MutexManager {
         if (lock.state !== 'held') throw new LockExtensionError(id, lock.signal.reason);
       };
     }
-    return this._als.run(context, () => operation(args));
+    return this._als.run(frame, () => operation(args));
   }
 }
 

@@ -123,7 +123,7 @@ export async function mutex(): Promise<number | undefined> {
   const m = new MutexManager({ adapter: new InMemoryAdapter(), namespace: 'app', lockTTL: 10_000 });
   try {
     // Waiting (the default) always runs the operation: its result, never undefined.
-    const size: number = await m.runOperation('id', async (ctx: MutexOperationContext) => ctx.heldMutexIds.size, {
+    const size: number = await m.runOperation('id', async (ctx: MutexOperationContext) => ctx.heldMutexIds.length, {
       timeoutMs: 100,
       context: m.createContext(),
     });
