@@ -88,6 +88,8 @@ class Hold {
   }
 }
 
+const NO_HOLDS = Object.freeze([]);
+
 /**
  * Where an operation runs: its context and the holds of its call chain (its own and those of
  * the operations it is nested in).
@@ -245,7 +247,7 @@ class MutexManager {
    * when the wait begins.
    */
   _chainHolds(context) {
-    if (this._als instanceof AsyncLocalStorage) return this._als.getStore()?.holds ?? [];
+    if (this._als instanceof AsyncLocalStorage) return this._als.getStore()?.holds ?? NO_HOLDS;
     const holds = [];
     for (const m of this._mutexes.values()) if (m.hold?.context === context) holds.push(m.hold);
     return holds;
@@ -257,6 +259,8 @@ class MutexManager {
    * chain, the holder of what it waits for, and so on back to one of `holds`.
    */
   _cycle(holds, id) {
+    // A chain that holds nothing cannot be waited for, so it closes no cycle.
+    if (holds.length === 0) return undefined;
     const seen = new Set();
     const walk = (mutexId, path) => {
       const hold = this._mutexes.get(mutexId)?.hold;
@@ -579,11 +583,16 @@ class MutexManager {
     const mutex = this._mutexes.get(id);
     const { context } = frame;
     const abortSignal = lock ? AbortSignal.any([abort.signal, lock.signal]) : abort.signal;
+    let heldMutexIds;
     const args = {
       requestTime,
       startTime: Date.now(),
       currentMutex: { id, queueSize: mutex ? mutex.queue.length : 0, isLocked: true },
-      heldMutexIds: Object.freeze([...context.held.keys()]),
+      // Made on first use: most callbacks never look, and a frozen array costs.
+      get heldMutexIds() {
+        heldMutexIds ??= Object.freeze([...context.held.keys()]);
+        return heldMutexIds;
+      },
       contextToken: context,
       abortSignal,
     };
