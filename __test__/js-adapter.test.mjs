@@ -135,6 +135,9 @@ describe('a JavaScript adapter with the queue methods', () => {
     const adapter = new QueuedMapAdapter();
     adapter.acquireQueued = async () => ({ granted: 'yes' });
     const locker = new Locker({ adapter });
+    // A free key is taken by a plain acquire; the queue is asked only once it is taken.
+    const held = await locker.acquire('k', { ttl: 1000 });
     await assert.rejects(locker.acquire('k', { ttl: 1000 }), /acquireQueued .* answered no \{ granted \}/);
+    await held.release();
   });
 });
