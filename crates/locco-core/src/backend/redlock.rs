@@ -66,9 +66,12 @@ pub fn validity_ms(ttl: u32, elapsed_ms: f64) -> f64 {
 }
 
 /// How long to wait for each server in an operation with a lease of `ttl` ms (`None`: a
-/// release or a check): `limit`, cut to a tenth of the TTL, at least 1 ms.
+/// release or a check): `limit`, cut to a tenth of the TTL (a short TTL gets up to a third of
+/// it, at most 50 ms, so a busy machine does not turn every short lease into timeouts), at
+/// least 1 ms.
 pub fn per_server_timeout(limit: u64, ttl: Option<u32>) -> u64 {
-    let cut = ttl.map_or(limit, |t| limit.min(t as u64 / 10));
+    let fraction = |t: u64| (t / 10).max((t / 3).min(50));
+    let cut = ttl.map_or(limit, |t| limit.min(fraction(t as u64)));
     cut.max(1)
 }
 
@@ -633,6 +636,8 @@ mod tests {
     fn per_server_timeouts_are_a_fraction_of_the_ttl() {
         assert_eq!(per_server_timeout(250, Some(10_000)), 250);
         assert_eq!(per_server_timeout(250, Some(1000)), 100);
+        assert_eq!(per_server_timeout(250, Some(100)), 33);
+        assert_eq!(per_server_timeout(250, Some(300)), 50);
         assert_eq!(per_server_timeout(250, Some(5)), 1);
         assert_eq!(per_server_timeout(250, None), 250);
     }
