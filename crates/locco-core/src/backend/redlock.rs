@@ -33,8 +33,8 @@ use crate::backend::redis::{RedisBackend, RedisOptions};
 use crate::backend::{Backend, Op};
 use crate::engine::error::{BackendErrorKind, Error, Result};
 use crate::engine::event_loop::EventLoop;
-use crate::engine::task::{first, First};
-use crate::engine::timer::{ThreadTimer, Timer};
+use crate::engine::task::{LocalFuture, Spawn};
+use crate::engine::timer::{LocalTimer, Sleep, ThreadTimer, Timer};
 
 /// Fewer servers than this cannot survive the loss of one of them.
 pub const MIN_SERVERS: usize = 3;
@@ -148,6 +148,8 @@ pub struct RedlockBackend {
     server_timeout_ms: u64,
     /// Runs the answers nobody waits for any more (a server that answers after the verdict).
     host: Option<Rc<dyn EventLoop>>,
+    /// The deadlines of rounds, on the host's thread.
+    timer: Option<LocalTimer>,
 }
 
 /// The part of a URL after the credentials and before the path: `host:port`.
@@ -157,7 +159,33 @@ fn label_of(url: &str) -> String {
     rest.split(['/', '?']).next().unwrap_or(rest).to_owned()
 }
 
-type Slot<T> = Pin<Box<dyn Future<Output = Result<T>>>>;
+/// Polls `ops` until they have all answered or `deadline` passes; the answers are dropped.
+async fn settle<T>(ops: Vec<Op<T>>, mut deadline: Sleep) {
+    let mut ops: Vec<Option<Op<T>>> = ops.into_iter().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        for slot in ops.iter_mut() {
+            if let Some(op) = slot {
+                if Pin::new(op).poll(cx).is_ready() {
+                    *slot = None;
+                }
+            }
+        }
+        if ops.iter().all(Option::is_none) || deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// The host's event loop as the engine's spawner (for the thread-local timer).
+struct HostSpawn(Rc<dyn EventLoop>);
+
+impl Spawn for HostSpawn {
+    fn spawn(&self, task: LocalFuture<()>) {
+        self.0.spawn(task);
+    }
+}
 
 impl RedlockBackend {
     pub fn new(options: RedlockOptions) -> Result<Self> {
@@ -195,7 +223,7 @@ impl RedlockBackend {
             o.wait_for_replicas = None;
             let backend = RedisBackend::new(o).map_err(|e| match e {
                 Error::Validation { message, .. } => {
-                    Error::validation(&format!("urls[{i}]"), message)
+                    Error::validation(format!("urls[{i}]"), message)
                 }
                 other => other,
             })?;
@@ -207,6 +235,7 @@ impl RedlockBackend {
             labels: Rc::new(labels),
             server_timeout_ms: options.server_timeout_ms,
             host: None,
+            timer: None,
         })
     }
 
@@ -224,6 +253,8 @@ impl RedlockBackend {
         servers
             .iter_mut()
             .for_each(|s| s.on_event_loop(host.clone()));
+        let spawn: Rc<dyn Spawn> = Rc::new(HostSpawn(host.clone()));
+        self.timer = Some(LocalTimer::new(Rc::new(ThreadTimer), spawn));
         self.host = Some(host);
     }
 
@@ -262,9 +293,19 @@ impl RedlockBackend {
         self.servers.iter().for_each(RedisBackend::close);
     }
 
-    /// Sends `op` to every server and counts the votes until the verdict cannot change. Each
-    /// server gets `timeout_ms`; the answers still due after the verdict are left to the host's
-    /// event loop (or awaited here, still bounded, without one).
+    /// One deadline for a round: on the engine thread's own timer when the host runs one
+    /// (registering it is then a map insert, no lock and no wake-up of the timer thread).
+    fn deadline(&self, ms: u64) -> Sleep {
+        match &self.timer {
+            Some(t) => t.sleep(ms as f64),
+            None => ThreadTimer.sleep(ms as f64),
+        }
+    }
+
+    /// Sends `op` to every server and counts the votes until the verdict cannot change, each
+    /// server bounded by `timeout_ms` (one deadline for the round). The answers still due after
+    /// the verdict are left to the host's event loop, under the same deadline (or awaited here
+    /// without one).
     fn vote<T: 'static>(
         &self,
         timeout_ms: u64,
@@ -272,31 +313,9 @@ impl RedlockBackend {
         yes: impl Fn(&T) -> bool + 'static,
     ) -> impl Future<Output = Ballot<T>> + 'static {
         let labels = self.labels.clone();
-        let slots: Vec<Option<Slot<T>>> = self
-            .servers
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let op = op(s);
-                let label = labels[i].clone();
-                let n = labels.len();
-                let slot: Slot<T> = Box::pin(async move {
-                    match first(op, ThreadTimer.sleep(timeout_ms as f64)).await {
-                        First::Left(answer) => answer,
-                        First::Right(()) => Err(Error::backend(
-                            "redis",
-                            BackendErrorKind::Timeout,
-                            format!(
-                                "server {} of {n} ({label}) did not answer within {timeout_ms} ms",
-                                i + 1
-                            ),
-                        )),
-                    }
-                });
-                Some(slot)
-            })
-            .collect();
+        let slots: Vec<Option<Op<T>>> = self.servers.iter().map(|s| Some(op(s))).collect();
         let host = self.host.clone();
+        let mut deadline = self.deadline(timeout_ms);
         let n = slots.len();
         async move {
             let mut slots = slots;
@@ -308,7 +327,7 @@ impl RedlockBackend {
             std::future::poll_fn(|cx| {
                 for (i, slot) in slots.iter_mut().enumerate() {
                     let Some(fut) = slot else { continue };
-                    if let Poll::Ready(answer) = fut.as_mut().poll(cx) {
+                    if let Poll::Ready(answer) = Pin::new(fut).poll(cx) {
                         *slot = None;
                         match &answer {
                             Ok(v) if yes(v) => ballot.tally.yes += 1,
@@ -318,20 +337,32 @@ impl RedlockBackend {
                         ballot.answers[i] = Some(answer);
                     }
                 }
-                let done = ballot.tally.pending() == 0;
-                if done || (early && ballot.tally.verdict().is_some()) {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
+                if ballot.tally.pending() == 0 || (early && ballot.tally.verdict().is_some()) {
+                    return Poll::Ready(());
                 }
+                if deadline.as_mut().poll(cx).is_ready() {
+                    for (i, slot) in slots.iter_mut().enumerate() {
+                        if slot.take().is_some() {
+                            ballot.tally.failed += 1;
+                            ballot.answers[i] = Some(Err(Error::backend(
+                                "redis",
+                                BackendErrorKind::Timeout,
+                                format!(
+                                    "server {} of {n} ({}) did not answer within {timeout_ms} ms",
+                                    i + 1,
+                                    labels[i]
+                                ),
+                            )));
+                        }
+                    }
+                    return Poll::Ready(());
+                }
+                Poll::Pending
             })
             .await;
-            if let Some(host) = host {
-                for fut in slots.into_iter().flatten() {
-                    host.spawn(Box::pin(async move {
-                        let _ = fut.await;
-                    }));
-                }
+            let late: Vec<Op<T>> = slots.into_iter().flatten().collect();
+            if let (Some(host), false) = (host, late.is_empty()) {
+                host.spawn(Box::pin(settle(late, deadline)));
             }
             ballot
         }
@@ -347,15 +378,7 @@ impl RedlockBackend {
             .filter(|(_, a)| !matches!(a, Some(Ok(false))))
             .map(|(s, _)| s.release(key, token))
             .collect();
-        let timeout_ms = self.server_timeout_ms;
-        let work = async move {
-            let bounded = ops
-                .into_iter()
-                .map(|op| async move {
-                    let _ = first(op, ThreadTimer.sleep(timeout_ms as f64)).await;
-                });
-            futures_util::future::join_all(bounded).await;
-        };
+        let work = settle(ops, self.deadline(self.server_timeout_ms));
         match &self.host {
             Some(host) => {
                 host.spawn(Box::pin(work));
