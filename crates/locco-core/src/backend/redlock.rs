@@ -23,7 +23,10 @@
 //! lease (which ends at `sent + 0.99 ttl`) by more than the drift, even on a server whose clock
 //! runs 1% fast. The engine's clock rule is thereby kept as it is for one server.
 
+use std::cell::{Cell, RefCell};
 use std::future::Future;
+
+use futures_util::future::{FutureExt, LocalBoxFuture, Shared};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::Poll;
@@ -150,7 +153,17 @@ pub struct RedlockBackend {
     host: Option<Rc<dyn EventLoop>>,
     /// The deadlines of rounds, on the host's thread.
     timer: Option<LocalTimer>,
+    gate: Rc<Gate>,
 }
+
+/// The first connection to every server (see [`RedlockBackend::opened`]).
+#[derive(Default)]
+struct Gate {
+    open: Cell<bool>,
+    waiting: RefCell<Option<Connecting>>,
+}
+
+type Connecting = Shared<LocalBoxFuture<'static, Vec<Result<Option<String>>>>>;
 
 /// The part of a URL after the credentials and before the path: `host:port`.
 fn label_of(url: &str) -> String {
@@ -236,6 +249,7 @@ impl RedlockBackend {
             server_timeout_ms: options.server_timeout_ms,
             host: None,
             timer: None,
+            gate: Rc::default(),
         })
     }
 
@@ -266,9 +280,10 @@ impl RedlockBackend {
     /// Connects to every server now; answers the first warning found (see
     /// [`RedisBackend::connect`]).
     pub fn connect(&self) -> Op<Option<String>> {
-        let ops: Vec<_> = self.servers.iter().map(RedisBackend::connect).collect();
+        let gate = self.opened();
         Op::pending(async move {
-            let answers = futures_util::future::join_all(ops).await;
+            let Some(gate) = gate else { return Ok(None) };
+            let answers = gate.await;
             let mut warning = None;
             let mut failure = None;
             let mut connected = false;
@@ -286,6 +301,49 @@ impl RedlockBackend {
                 _ => Ok(warning),
             }
         })
+    }
+
+    /// The first connection to every server, which every operation waits for (bounded by the
+    /// per-server timeout) until it has happened: requests then reach each server in the order
+    /// they were made, so callers racing for one key on a fresh adapter meet the same winner on
+    /// every server instead of splitting the vote. `None` once it happened.
+    fn opened(&self) -> Option<Connecting> {
+        if self.gate.open.get() {
+            return None;
+        }
+        let mut waiting = self.gate.waiting.borrow_mut();
+        let shared = waiting.get_or_insert_with(|| {
+            let ops: Vec<_> = self.servers.iter().map(RedisBackend::connect).collect();
+            let (gate, deadline) = (self.gate.clone(), self.deadline(self.server_timeout_ms));
+            let n = ops.len();
+            async move {
+                let mut slots: Vec<Option<Op<Option<String>>>> = ops.into_iter().map(Some).collect();
+                let mut answers: Vec<Result<Option<String>>> = (0..n).map(|_| Ok(None)).collect();
+                let mut deadline = deadline;
+                std::future::poll_fn(|cx| {
+                    for (i, slot) in slots.iter_mut().enumerate() {
+                        if let Some(op) = slot {
+                            if let Poll::Ready(a) = Pin::new(op).poll(cx) {
+                                answers[i] = a;
+                                *slot = None;
+                            }
+                        }
+                    }
+                    let done = slots.iter().all(Option::is_none);
+                    if done || deadline.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(());
+                    }
+                    Poll::Pending
+                })
+                .await;
+                gate.open.set(true);
+                gate.waiting.borrow_mut().take();
+                answers
+            }
+            .boxed_local()
+            .shared()
+        });
+        Some(shared.clone())
     }
 
     /// Drops every server's connections; operations after this fail.
@@ -309,16 +367,19 @@ impl RedlockBackend {
     fn vote<T: 'static>(
         &self,
         timeout_ms: u64,
-        op: impl Fn(&RedisBackend) -> Op<T>,
+        op: impl Fn(&RedisBackend) -> Op<T> + 'static,
         yes: impl Fn(&T) -> bool + 'static,
     ) -> impl Future<Output = Ballot<T>> + 'static {
         let labels = self.labels.clone();
-        let slots: Vec<Option<Op<T>>> = self.servers.iter().map(|s| Some(op(s))).collect();
         let host = self.host.clone();
-        let mut deadline = self.deadline(timeout_ms);
-        let n = slots.len();
+        let (gate, this) = (self.opened(), self.clone());
         async move {
-            let mut slots = slots;
+            if let Some(gate) = gate {
+                gate.await;
+            }
+            let mut slots: Vec<Option<Op<T>>> = this.servers.iter().map(|s| Some(op(s))).collect();
+            let mut deadline = this.deadline(timeout_ms);
+            let n = slots.len();
             let mut ballot = Ballot {
                 tally: Tally::new(n),
                 answers: (0..n).map(|_| None).collect(),
@@ -461,7 +522,8 @@ impl RedlockBackend {
         let started = Instant::now();
         let px = server_ttl(ttl);
         let timeout_ms = per_server_timeout(self.server_timeout_ms, Some(ttl));
-        let ballot = self.vote(timeout_ms, |s| op(s, key, token, px), |granted| *granted);
+        let (k, t) = (key.to_owned(), token.to_owned());
+        let ballot = self.vote(timeout_ms, move |s| op(s, &k, &t, px), |granted| *granted);
         let (this, key, token) = (self.clone(), key.to_owned(), token.to_owned());
         Op::pending(async move {
             let ballot = ballot.await;
@@ -499,7 +561,7 @@ impl RedlockBackend {
         &self,
         what: &'static str,
         key: &str,
-        op: impl Fn(&RedisBackend) -> Op<bool>,
+        op: impl Fn(&RedisBackend) -> Op<bool> + 'static,
         words: (&'static str, &'static str),
     ) -> Op<bool> {
         let timeout_ms = per_server_timeout(self.server_timeout_ms, None);
