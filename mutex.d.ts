@@ -8,7 +8,7 @@ export declare class MutexRunContext {
 export interface MutexManagerOptions {
   /** Any locco-rs adapter: serialises across processes. Without one, in this process only. */
   adapter?: LockAdapter;
-  /** Shorthand: a RedisAdapter the manager owns (closed by dispose()). */
+  /** Shorthand: an adapter the manager owns (closed by dispose()): a RedisAdapter for one URL, a RedlockAdapter (a majority of independent servers) for several. */
   redis?: { url?: string; urls?: string | string[] };
   /** A distinct lock domain. */
   namespace?: string;

@@ -39,3 +39,39 @@ export declare class RedisAdapter implements LockAdapter, AsyncDisposable {
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
 }
+
+export interface RedlockAdapterOptions {
+  /** At least 3 independent servers (an odd number is best): redis:// or rediss://, one standalone server each. */
+  urls: string[];
+  /** Ms to establish a connection to one server. Default 5000. */
+  connectTimeout?: number;
+  /** Ms after which a silent server's connection is closed and reopened. Default 5000. */
+  commandTimeout?: number;
+  /** Ms to wait for any one server's answer; an acquire or extension waits at most a tenth of its TTL. Default 250. */
+  serverTimeout?: number;
+  /** PEM certificate(s) to trust for rediss://. */
+  tls?: { ca?: string | Uint8Array };
+}
+
+/**
+ * Locks over several independent Redis servers (Redlock): granted when a majority grants
+ * within the lease. No fencing tokens (use the PostgreSQL or etcd backend) and no fair queue.
+ *
+ * @example
+ * ```ts
+ * import { Locker } from 'locco-rs';
+ * import { RedlockAdapter } from 'locco-rs/redis';
+ *
+ * await using adapter = new RedlockAdapter({ urls: ['redis://10.0.0.1:6379', 'redis://10.0.0.2:6379', 'redis://10.0.0.3:6379'] });
+ * const locker = new Locker({ adapter });
+ * ```
+ */
+export declare class RedlockAdapter implements LockAdapter, AsyncDisposable {
+  constructor(options: RedlockAdapterOptions);
+  acquire(input: { key: string; token: string; ttl: number }): Promise<boolean>;
+  release(input: { key: string; token: string }): Promise<boolean>;
+  extend(input: { key: string; token: string; ttl: number }): Promise<boolean>;
+  isHeld(input: { key: string; token: string }): Promise<boolean>;
+  close(): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
+}

@@ -1,3 +1,3 @@
 import cjs from './redis.js';
 
-export const { RedisAdapter, RedisReplicationError } = cjs;
+export const { RedisAdapter, RedisReplicationError, RedlockAdapter } = cjs;

@@ -5,7 +5,7 @@ import { InMemoryAdapter } from 'locco-rs/memory';
 import { registerContractForTest } from './support/contract-internal.mjs';
 import { MapAdapter, QueuedMapAdapter, UnfencedMapAdapter, brokenAdapters } from './support/map-adapter.mjs';
 import { runCollected } from './support/collect.mjs';
-import { RedisAdapter } from 'locco-rs/redis';
+import { RedisAdapter, RedlockAdapter } from 'locco-rs/redis';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { MongoAdapter } from 'locco-rs/mongo';
 import { startMongo, startPostgres, startRedis, valkeyBinary } from './support/servers.mjs';
@@ -15,6 +15,8 @@ const valkey = await startRedis({ binary: valkeyBinary() });
 const postgres = await startPostgres();
 const mongo = await startMongo();
 after(() => Promise.all([redis.dispose(), valkey.dispose(), postgres.dispose(), mongo.dispose()]));
+const redlockServers = await Promise.all([1, 2, 3].map(() => startRedis()));
+after(() => Promise.all(redlockServers.map((s) => s.dispose())));
 
 runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
 runLockAdapterContract('MapAdapter (reference, JavaScript)', async () => ({ adapter: new MapAdapter() }));
@@ -24,6 +26,10 @@ runLockAdapterContract('RedisAdapter', () => {
 });
 runLockAdapterContract('RedisAdapter on Valkey', () => {
   const adapter = new RedisAdapter({ url: valkey.url });
+  return { adapter, cleanup: () => adapter.close() };
+});
+runLockAdapterContract('RedlockAdapter (3 servers)', () => {
+  const adapter = new RedlockAdapter({ urls: redlockServers.map((s) => s.url) });
   return { adapter, cleanup: () => adapter.close() };
 });
 runLockAdapterContract('PostgresAdapter', () => {

@@ -12,7 +12,7 @@ import {
 } from 'locco-rs';
 import { MongoAdapter } from 'locco-rs/mongo';
 import { PostgresAdapter } from 'locco-rs/postgres';
-import { RedisAdapter } from 'locco-rs/redis';
+import { RedisAdapter, RedlockAdapter } from 'locco-rs/redis';
 import { ADAPTERS, sleep, until } from './support/adapters.mjs';
 import { startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
@@ -20,6 +20,8 @@ const redis = await startRedis();
 const postgres = await startPostgres();
 const mongo = await startMongo();
 after(() => Promise.all([redis.dispose(), postgres.dispose(), mongo.dispose()]));
+const redlockServers = await Promise.all([1, 2, 3].map(() => startRedis()));
+after(() => Promise.all(redlockServers.map((s) => s.dispose())));
 let tables = 0;
 const ALL = [
   ...ADAPTERS,
@@ -30,17 +32,19 @@ const ALL = [
       return new RedisAdapter({ url: redis.url });
     },
   ],
+  // Three independent servers; no fencing tokens (caps.fencing false).
+  ['RedlockAdapter (3 servers)', () => (redlockServers.forEach((s) => s.cli('FLUSHALL')), new RedlockAdapter({ urls: redlockServers.map((s) => s.url) })), { fencing: false }],
   // A table of its own per test, so keys left held by one test do not meet the next.
   ['PostgresAdapter', () => new PostgresAdapter({ url: postgres.url, tableName: `locks_${++tables}`, poolSize: 4 })],
   ['MongoAdapter', () => new MongoAdapter({ url: mongo.url, dbName: 'locker_tests', collectionName: `locks_${++tables}` })],
 ];
 
-for (const [name, makeAdapter] of ALL) {
+for (const [name, makeAdapter, caps = {}] of ALL) {
   describe(`Locker on ${name}`, () => {
     const setup = (opts = {}) => {
       const events = [];
       const adapter = makeAdapter();
-      const locker = new Locker({ adapter, onEvent: (e) => events.push(e), ...opts });
+      const locker = new Locker({ adapter, onEvent: (e) => events.push(e), ...opts, ...(caps.fencing === false && { fencing: false }) });
       return { adapter, locker, events };
     };
 
@@ -317,7 +321,7 @@ for (const [name, makeAdapter] of ALL) {
       await blocker.release();
     });
 
-    it('hands out fencing tokens that grow per key', async () => {
+    it('hands out fencing tokens that grow per key', { skip: caps.fencing === false && 'no fencing tokens' }, async () => {
       const { locker } = setup({ fencing: true });
       const fences = [];
       for (let i = 0; i < 3; i++) {

@@ -59,6 +59,7 @@ const plans = {
   },
   'In-memory backend #1': {},
   'Redis and Valkey #1': { env: ['REDIS_URL'] },
+  'Redlock (several independent Redis servers) #1': { stdout: /^servers: 3 function$/m },
   'PostgreSQL #1': { env: ['DATABASE_URL'] },
   'MongoDB #1': { env: ['MONGO_URL'] },
   'MutexManager #1': {

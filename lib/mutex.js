@@ -190,7 +190,15 @@ class MutexManager {
       // Loaded here so that a local manager never loads the Redis entry point.
       const { RedisAdapter } = require('./redis.js');
       const { url, urls } = options.redis;
-      adapter = new RedisAdapter(urls ? { urls: [].concat(urls), cluster: [].concat(urls).length > 1 } : { url });
+      // Several URLs are independent servers coordinated by Redlock (a majority grants); a
+      // Cluster goes through `adapter: new RedisAdapter({ urls, cluster: true })`.
+      const list = urls === undefined ? undefined : [].concat(urls);
+      if (list && list.length > 1) {
+        const { RedlockAdapter } = require('./redlock.js');
+        adapter = new RedlockAdapter({ urls: list });
+      } else {
+        adapter = new RedisAdapter(list ? { url: list[0] } : { url });
+      }
       this._owned = adapter;
     }
     // A lock's token names the chain that took it, so the owner of a key can be read from the

@@ -257,6 +257,7 @@ pub fn close_adapter(adapter_id: f64) {
         Some(Adapter::Redis(b)) => b.inner().close(),
         Some(Adapter::Postgres(b)) => b.inner().close(),
         Some(Adapter::Mongo(b)) => b.inner().close(),
+        Some(Adapter::Redlock(b)) => b.inner().close(),
         _ => {}
     });
 }

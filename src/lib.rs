@@ -17,6 +17,7 @@ mod hub;
 mod lock;
 mod locker;
 mod ops;
+mod redlock;
 mod registry;
 mod retry;
 mod text;

@@ -8,6 +8,7 @@ use std::rc::{Rc, Weak};
 use locco_core::mongo::MongoBackend;
 use locco_core::postgres::PostgresBackend;
 use locco_core::redis::RedisBackend;
+use locco_core::redlock::RedlockBackend;
 use locco_core::{Abort, Backend, Delay, Error, LocalWakeups, Lock, Locker, MemoryBackend};
 use napi_derive::napi;
 
@@ -20,6 +21,7 @@ pub(crate) enum Adapter {
     Redis(Rc<LocalWakeups<RedisBackend>>),
     Postgres(Rc<LocalWakeups<PostgresBackend>>),
     Mongo(Rc<LocalWakeups<MongoBackend>>),
+    Redlock(Rc<LocalWakeups<RedlockBackend>>),
 }
 
 impl Adapter {
@@ -29,6 +31,7 @@ impl Adapter {
             Adapter::Redis(r) => r.clone(),
             Adapter::Postgres(p) => p.clone(),
             Adapter::Mongo(m) => m.clone(),
+            Adapter::Redlock(r) => r.clone(),
         }
     }
 }

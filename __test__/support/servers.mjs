@@ -65,7 +65,7 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
     port: tlsPort ?? port,
     url: `redis://127.0.0.1:${port}`,
     async stop() {
-      if (child && child.exitCode === null) {
+      if (child && child.exitCode === null && child.signalCode === null) {
         const exited = new Promise((r) => child.once('exit', r));
         child.kill('SIGCONT');
         child.kill('SIGKILL');

@@ -19,7 +19,7 @@ import {
 } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { runLockAdapterContract } from 'locco-rs/testing';
-import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
+import { RedisAdapter, RedisReplicationError, RedlockAdapter } from 'locco-rs/redis';
 import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
 import { MongoAdapter, mongoLocksIndexes, type MongoIndexSpec } from 'locco-rs/mongo';
 import {
@@ -85,6 +85,8 @@ export async function redis(): Promise<void> {
   });
   const cluster = new RedisAdapter({ urls: ['redis://a:1', 'redis://b:2'], cluster: true });
   await cluster.close();
+  await using redlock = new RedlockAdapter({ urls: ['redis://a:1', 'redis://b:1', 'redis://c:1'], serverTimeout: 100 });
+  await new Locker({ adapter: redlock }).tryAcquire('k', { ttl: 1000 });
   try {
     await new Locker({ adapter }).acquire('k', { ttl: 1000 });
   } catch (e) {

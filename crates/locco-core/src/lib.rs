@@ -18,6 +18,8 @@ pub use backend::mongo;
 pub use backend::postgres;
 #[cfg(feature = "redis")]
 pub use backend::redis;
+#[cfg(feature = "redis")]
+pub use backend::redlock;
 
 pub use backend::memory::MemoryBackend;
 pub use backend::queue::WakeBoard;

@@ -14,6 +14,8 @@ mod postgres_queue;
 pub(crate) mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
+pub mod redlock;
 pub(crate) mod waiters;
 
 use std::future::Future;
@@ -92,6 +94,11 @@ pub trait Backend {
     /// Whether [`Backend::acquire_fenced`] is implemented.
     fn supports_fencing(&self) -> bool {
         false
+    }
+    /// Why `fencing: true` is refused, when the backend can say better than "no
+    /// acquire_fenced" (and where to look instead).
+    fn no_fencing_reason(&self) -> Option<String> {
+        None
     }
     /// Acquires like [`Backend::acquire`] and takes the key's next fencing token: a positive
     /// integer below 2^53, larger than any the key had before. `None` when the key is held.

@@ -159,6 +159,9 @@ impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> crate::Op<Option<u64>> {
         self.inner.acquire_fenced(key, token, ttl)
     }
+    fn no_fencing_reason(&self) -> Option<String> {
+        self.inner.no_fencing_reason()
+    }
     fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
         Some(self.waiters.waiter(key))
     }

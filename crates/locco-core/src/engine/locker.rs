@@ -92,10 +92,12 @@ impl Locker {
         if options.fencing && !backend.supports_fencing() {
             return Err(Error::validation(
                 "fencing",
-                format!(
-                    "the {} adapter has no acquireFenced method, so it cannot hand out fencing tokens",
-                    backend.name()
-                ),
+                backend.no_fencing_reason().unwrap_or_else(|| {
+                    format!(
+                        "the {} adapter has no acquireFenced method, so it cannot hand out fencing tokens",
+                        backend.name()
+                    )
+                }),
             ));
         }
         let retry = RetryPolicy::default().merged(&options.retry);
