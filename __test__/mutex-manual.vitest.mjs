@@ -219,3 +219,21 @@ describe('FIFO across managers in Redis mode', () => {
     await Promise.all(adapters.map((a) => a.close()));
   });
 });
+
+describe('redis: { urls } with several independent servers', () => {
+  let servers = [];
+  beforeAll(async () => {
+    servers = await Promise.all([startRedis(), startRedis(), startRedis()]);
+  });
+  afterAll(async () => {
+    await Promise.all(servers.map((s) => s.dispose()));
+  });
+
+  it('means a quorum (Redlock): the lock is taken on every server', async () => {
+    const m = new MutexManager({ redis: { urls: servers.map((s) => s.url) } });
+    const holders = await m.runOperation('quorum', () => servers.map((s) => s.cli('EXISTS', 'uniquemutex:quorum')));
+    expect(holders).toEqual(['1', '1', '1']);
+    expect(servers.map((s) => s.cli('EXISTS', 'uniquemutex:quorum'))).toEqual(['0', '0', '0']);
+    await m.dispose();
+  });
+});
