@@ -1,0 +1,651 @@
+//! The etcd backend: a lock is a key under `prefix`, attached to the adapter's session lease.
+//!
+//! ## Grants and fencing
+//!
+//! A grant is one transaction, `create_revision(key) == 0 → put(key, token, lease)`. etcd runs
+//! it through Raft, so two callers can never both see the key absent: while a majority of the
+//! members lives there is no double grant, and a member cut off from the majority commits
+//! nothing (with `require_leader`, it refuses at once once it has no leader). The fencing
+//! token is the revision of the granting transaction, which is the key's create revision:
+//! revisions grow across the whole cluster, so every later grant of the key has a larger one.
+//!
+//! ## One session lease, and the per-lock TTL
+//!
+//! The adapter holds one etcd lease (its *session*, `sessionTtl`, whole seconds) with one
+//! keep-alive stream; every key it grants is attached to it, so a thousand locks cost one
+//! keep-alive, not a thousand. The engine's per-lock TTL (often far below etcd's minimum lease
+//! granularity of a second) is kept by this adapter: each grant or extension records the lock's
+//! deadline (measured from the moment the request left), and a timer on the I/O thread deletes
+//! the key (`value == token → delete`) when a deadline passes without a newer extension. The
+//! timer runs on the I/O thread, not the JavaScript thread, so a stalled event loop does not
+//! stop it. `extend` and `isHeld` also check the deadline, so a lock is never reported held
+//! past it even while the delete is still in flight.
+//!
+//! Why not one etcd lease per lock: a lease TTL is whole seconds (and at least ~2 s with the
+//! default election timeout), which would make a 100 ms lock live 20 times too long; and each
+//! lock would need its own keep-alive. The price of the session design: when the *process*
+//! dies, its keys live until the session lease expires (`sessionTtl`), not until their own TTL.
+//!
+//! ## Losing the session
+//!
+//! The keep-alive loop sends a beat every third of the lease TTL. The session counts as lost
+//! when the cluster answers that the lease is gone, or when no beat was acknowledged for a TTL
+//! (measured from when the last acknowledged beat was sent, so never later than the cluster's
+//! own expiry). Then every lock on it is reported lost at once ([`Backend::watch_lost`], reason
+//! 'session'), `extend` and `isHeld` answer false for them, the old lease is revoked (best
+//! effort; a cluster that changed leaders may have renewed it), and the next grant opens a new
+//! session.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream,
+    LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::backend::io::{self, redact, Failure};
+use crate::backend::{Backend, Op};
+use crate::engine::error::{BackendErrorKind, Error};
+
+/// How to reach etcd and where the locks live.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// `host:port` or `http(s)://host:port`, one per member.
+    pub endpoints: Vec<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// PEM of the CA that signed the members' certificates; TLS is on when set.
+    pub ca: Option<String>,
+    /// Prefix of every lock key. Default `locco/`.
+    pub prefix: String,
+    /// TTL of the session lease, in seconds. Default 10, at least 2.
+    pub session_ttl_s: u32,
+    /// Milliseconds to connect. Default 5000.
+    pub connect_timeout_ms: u64,
+    /// Milliseconds for one request. Default 5000.
+    pub request_timeout_ms: u64,
+}
+
+impl EtcdOptions {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        EtcdOptions {
+            endpoints,
+            username: None,
+            password: None,
+            ca: None,
+            prefix: "locco/".into(),
+            session_ttl_s: 10,
+            connect_timeout_ms: 5000,
+            request_timeout_ms: 5000,
+        }
+    }
+}
+
+/// The adapter's session: one lease, kept alive by one task.
+struct Session {
+    id: i64,
+    /// Becomes true once, when the session is lost or closed.
+    lost: watch::Sender<bool>,
+}
+
+impl Session {
+    fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+}
+
+/// A lock this adapter granted or extended.
+struct Held {
+    token: String,
+    deadline: Instant,
+    /// Which grant or extension set `deadline`; a timer acts only for the newest.
+    generation: u64,
+    session: Arc<Session>,
+    /// Dropped with the entry: tells `watch_lost` the lock ended for another reason.
+    alive: watch::Sender<()>,
+}
+
+struct Inner {
+    options: EtcdOptions,
+    client: tokio::sync::OnceCell<Client>,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    held: Mutex<HashMap<String, Held>>,
+    generation: AtomicU64,
+    secrets: Vec<String>,
+    closed: AtomicBool,
+}
+
+/// Locks in etcd.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+fn failure_of(secrets: &[String], e: etcd_client::Error) -> Failure {
+    use etcd_client::Error as E;
+    let (kind, message, code) = match &e {
+        E::GRpcStatus(s) => {
+            use tonic::Code;
+            let kind = match s.code() {
+                Code::Unauthenticated | Code::PermissionDenied => BackendErrorKind::Auth,
+                Code::InvalidArgument if s.message().contains("authentication failed") => {
+                    BackendErrorKind::Auth
+                }
+                Code::DeadlineExceeded => BackendErrorKind::Timeout,
+                Code::Unavailable => BackendErrorKind::Io,
+                _ => BackendErrorKind::Other,
+            };
+            let mut message = s.message().to_string();
+            if message.is_empty() {
+                message = format!("{:?}", s.code());
+            }
+            (kind, message, Some(format!("{:?}", s.code())))
+        }
+        E::TransportError(t) => {
+            let text = format!("{t}: {}", std::error::Error::source(t).map(|s| s.to_string()).unwrap_or_default());
+            let kind = if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {
+                BackendErrorKind::Tls
+            } else {
+                BackendErrorKind::Io
+            };
+            (kind, text, None)
+        }
+        E::IoError(_) => (BackendErrorKind::Io, e.to_string(), None),
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
+            (BackendErrorKind::Config, e.to_string(), None)
+        }
+        _ => (BackendErrorKind::Other, e.to_string(), None),
+    };
+    Failure {
+        code,
+        ..Failure::new("etcd", kind, redact(secrets, format!("etcd: {message}")))
+    }
+}
+
+fn timeout_failure(what: &str, ms: u64) -> Failure {
+    Failure::new(
+        "etcd",
+        BackendErrorKind::Timeout,
+        format!("etcd: no answer to {what} within {ms} ms (requestTimeout)"),
+    )
+}
+
+impl EtcdBackend {
+    /// Checks the options; connects on first use.
+    pub fn new(options: EtcdOptions) -> Result<Self, Error> {
+        if options.endpoints.is_empty() {
+            return Err(Error::validation("endpoints", "needs at least one endpoint"));
+        }
+        for e in &options.endpoints {
+            let rest = e
+                .strip_prefix("http://")
+                .or_else(|| e.strip_prefix("https://"))
+                .unwrap_or(e);
+            let port = rest.rsplit_once(':').map(|(_, p)| p);
+            if rest.is_empty()
+                || rest.contains('/')
+                || !port.is_some_and(|p| p.parse::<u16>().is_ok_and(|p| p > 0))
+            {
+                return Err(Error::validation(
+                    "endpoints",
+                    format!("{e:?} is not host:port or http(s)://host:port"),
+                ));
+            }
+            if e.starts_with("https://") && options.ca.is_none() {
+                // rustls needs roots; without a CA there are none.
+                return Err(Error::validation(
+                    "tls.ca",
+                    "an https:// endpoint needs tls.ca (the PEM of the members' CA)",
+                ));
+            }
+        }
+        if options.username.is_some() != options.password.is_some() {
+            return Err(Error::validation("auth", "needs both username and password"));
+        }
+        if options.session_ttl_s < 2 {
+            return Err(Error::validation(
+                "sessionTtl",
+                "must be at least 2000 ms (etcd's lease granularity is a second)",
+            ));
+        }
+        if options.prefix.is_empty() {
+            return Err(Error::validation("prefix", "must not be empty"));
+        }
+        let secrets = options.password.iter().cloned().filter(|p| !p.is_empty()).collect();
+        Ok(EtcdBackend {
+            inner: Arc::new(Inner {
+                options,
+                client: tokio::sync::OnceCell::new(),
+                session: tokio::sync::Mutex::new(None),
+                held: Mutex::new(HashMap::new()),
+                generation: AtomicU64::new(0),
+                secrets,
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Ends the session (its lease is revoked, so its keys go at once; the locks on it are
+    /// lost) and refuses operations afterwards.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        let inner = self.inner.clone();
+        io::runtime().spawn(async move {
+            let session = inner.session.lock().await.take();
+            if let Some(s) = session {
+                let _ = s.lost.send(true);
+                if let Some(client) = inner.client.get() {
+                    let mut lease = client.lease_client();
+                    let _ = tokio::time::timeout(Duration::from_secs(2), lease.revoke(s.id)).await;
+                }
+            }
+        });
+    }
+
+    fn run<T: Send + 'static, F>(&self, work: impl FnOnce(Arc<Inner>) -> F) -> Op<T>
+    where
+        F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        io::run("etcd", move |_| work(inner))
+    }
+}
+
+impl Inner {
+    fn key(&self, key: &str) -> String {
+        format!("{}{}", self.options.prefix, key)
+    }
+
+    fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.options.request_timeout_ms)
+    }
+
+    /// One request, bounded by `requestTimeout`.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, Failure> {
+        match tokio::time::timeout(self.request_timeout(), fut).await {
+            Ok(r) => r.map_err(|e| failure_of(&self.secrets, e)),
+            Err(_) => Err(timeout_failure(what, self.options.request_timeout_ms)),
+        }
+    }
+
+    async fn client(&self) -> Result<Client, Failure> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Failure::new(
+                "etcd",
+                BackendErrorKind::Config,
+                "the etcd adapter is closed",
+            ));
+        }
+        let ms = self.options.connect_timeout_ms;
+        self.client
+            .get_or_try_init(|| async {
+                let o = &self.options;
+                let mut options = ConnectOptions::new()
+                    .with_connect_timeout(Duration::from_millis(ms))
+                    .with_timeout(self.request_timeout())
+                    .with_keep_alive(Duration::from_secs(1), Duration::from_millis(ms.min(3000)))
+                    .with_keep_alive_while_idle(true)
+                    // A member without a leader refuses at once instead of waiting.
+                    .with_require_leader(true);
+                if let (Some(u), Some(p)) = (&o.username, &o.password) {
+                    options = options.with_user(u.clone(), p.clone()).with_auto_token_refresh(true);
+                }
+                if let Some(ca) = &o.ca {
+                    options = options.with_tls(
+                        TlsOptions::new().ca_certificate(Certificate::from_pem(ca.as_bytes())),
+                    );
+                }
+                let endpoints: Vec<String> = o
+                    .endpoints
+                    .iter()
+                    .map(|e| {
+                        if e.contains("://") {
+                            e.clone()
+                        } else if o.ca.is_some() {
+                            format!("https://{e}")
+                        } else {
+                            format!("http://{e}")
+                        }
+                    })
+                    .collect();
+                match tokio::time::timeout(
+                    Duration::from_millis(ms),
+                    Client::connect(endpoints, Some(options)),
+                )
+                .await
+                {
+                    Ok(r) => r.map_err(|e| failure_of(&self.secrets, e)),
+                    Err(_) => Err(Failure::new(
+                        "etcd",
+                        BackendErrorKind::Timeout,
+                        format!("etcd: could not connect within {ms} ms (connectTimeout)"),
+                    )),
+                }
+            })
+            .await
+            .cloned()
+    }
+
+    /// The live session, opened (lease granted, keep-alive started) when there is none.
+    async fn session(self: &Arc<Self>) -> Result<Arc<Session>, Failure> {
+        let client = self.client().await?;
+        let mut slot = self.session.lock().await;
+        if let Some(s) = slot.as_ref().filter(|s| !s.is_lost()) {
+            return Ok(s.clone());
+        }
+        let mut lease = client.lease_client();
+        let ttl = i64::from(self.options.session_ttl_s);
+        let sent = Instant::now();
+        let granted = self.bounded("a lease grant", lease.grant(ttl, None)).await?;
+        let (keeper, stream) = self
+            .bounded("a keep-alive stream", lease.keep_alive(granted.id()))
+            .await?;
+        let (lost, _) = watch::channel(false);
+        let session = Arc::new(Session {
+            id: granted.id(),
+            lost,
+        });
+        let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+        tokio::spawn(keep_alive(
+            Arc::downgrade(self),
+            client,
+            session.clone(),
+            ttl,
+            sent,
+            Some((keeper, stream)),
+        ));
+        *slot = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Records (or renews) a lock's deadline and arms its timer.
+    fn hold(self: &Arc<Self>, key: &str, token: &str, deadline: Instant, session: Arc<Session>) {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            match held.get_mut(key) {
+                Some(h) if h.token == token => {
+                    h.deadline = deadline;
+                    h.generation = generation;
+                    h.session = session;
+                }
+                _ => {
+                    held.insert(
+                        key.to_owned(),
+                        Held {
+                            token: token.to_owned(),
+                            deadline,
+                            generation,
+                            session,
+                            alive: watch::channel(()).0,
+                        },
+                    );
+                }
+            }
+        }
+        let inner = Arc::downgrade(self);
+        let (key, token) = (key.to_owned(), token.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            let Some(inner) = inner.upgrade() else { return };
+            let current = {
+                let held = inner.held.lock().unwrap_or_else(|p| p.into_inner());
+                held.get(&key)
+                    .is_some_and(|h| h.token == token && h.generation == generation)
+            };
+            if current {
+                inner.expire(&key, &token).await;
+            }
+        });
+    }
+
+    /// Forgets a lock this adapter knew.
+    fn forget(&self, key: &str, token: &str) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(key).is_some_and(|h| h.token == token) {
+            held.remove(key);
+        }
+    }
+
+    /// What this adapter knows of `key` held by `token`: `Some(false)` when its deadline
+    /// passed or its session was lost, `Some(true)` when it runs, `None` when it knows nothing.
+    fn local(&self, key: &str, token: &str) -> Option<bool> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let h = held.get(key).filter(|h| h.token == token)?;
+        Some(h.deadline > Instant::now() && !h.session.is_lost())
+    }
+
+    /// A known lock whose deadline passed: deleted by value, retried while the session lives.
+    async fn expire(&self, key: &str, token: &str) {
+        let session = {
+            let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.get(key).filter(|h| h.token == token).map(|h| h.session.clone())
+        };
+        for _ in 0..50 {
+            match self.delete_ours(key, token).await {
+                Ok(_) => break,
+                Err(_) if session.as_ref().is_some_and(|s| s.is_lost()) => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        self.forget(key, token);
+    }
+
+    /// `value == token → delete`.
+    async fn delete_ours(&self, key: &str, token: &str) -> Result<bool, Failure> {
+        let mut kv = self.client().await?.kv_client();
+        let k = self.key(key);
+        let txn = Txn::new()
+            .when([Compare::value(k.clone(), CompareOp::Equal, token)])
+            .and_then([TxnOp::delete(k, None)]);
+        Ok(self.bounded("a release", kv.txn(txn)).await?.succeeded())
+    }
+
+    /// The grant: the revision that created the key, or `None` when it is held.
+    async fn grant(self: &Arc<Self>, key: &str, token: &str, ttl: u32) -> Result<Option<u64>, Failure> {
+        let start = Instant::now();
+        // A lock of ours whose deadline passed but whose delete has not landed yet.
+        let expired = {
+            let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.get(key)
+                .filter(|h| h.deadline <= start || h.session.is_lost())
+                .map(|h| h.token.clone())
+        };
+        if let Some(old) = expired {
+            self.expire(key, &old).await;
+        }
+        let mut retried = false;
+        loop {
+            let session = self.session().await?;
+            let mut kv = self.client().await?.kv_client();
+            let k = self.key(key);
+            let txn = Txn::new()
+                .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    k,
+                    token,
+                    Some(PutOptions::new().with_lease(session.id)),
+                )]);
+            match self.bounded("a grant", kv.txn(txn)).await {
+                Ok(resp) if resp.succeeded() => {
+                    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                    self.hold(key, token, start + Duration::from_millis(u64::from(ttl)), session);
+                    return Ok(Some(revision.max(1) as u64));
+                }
+                Ok(_) => return Ok(None),
+                // The cluster dropped the lease before the keep-alive loop noticed.
+                Err(f) if !retried && f.message.contains("lease not found") => {
+                    let _ = session.lost.send(true);
+                    retried = true;
+                }
+                Err(f) => return Err(f),
+            }
+        }
+    }
+
+    async fn extend(self: &Arc<Self>, key: &str, token: &str, ttl: u32) -> Result<bool, Failure> {
+        let start = Instant::now();
+        if self.local(key, token) == Some(false) {
+            return Ok(false);
+        }
+        let session = self.session().await?;
+        let mut kv = self.client().await?.kv_client();
+        let k = self.key(key);
+        // Ours, and on the live session (a key on a lost session is not extended).
+        let txn = Txn::new().when([
+            Compare::value(k.clone(), CompareOp::Equal, token),
+            Compare::lease(k, CompareOp::Equal, session.id),
+        ]);
+        let ok = self.bounded("an extension", kv.txn(txn)).await?.succeeded();
+        if ok && self.local(key, token) != Some(false) {
+            self.hold(key, token, start + Duration::from_millis(u64::from(ttl)), session);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn is_held(&self, key: &str, token: &str) -> Result<bool, Failure> {
+        if self.local(key, token) == Some(false) {
+            return Ok(false);
+        }
+        let mut kv = self.client().await?.kv_client();
+        // A linearizable read (the default): it goes through the leader's read index.
+        let got = self
+            .bounded("a read", kv.get(self.key(key), None::<GetOptions>))
+            .await?;
+        let ours = got.kvs().first().is_some_and(|kv| kv.value() == token.as_bytes());
+        Ok(ours && self.local(key, token) != Some(false))
+    }
+}
+
+/// Keeps the session's lease alive until the session is lost or the adapter closed.
+async fn keep_alive(
+    inner: Weak<Inner>,
+    client: Client,
+    session: Arc<Session>,
+    ttl: Duration,
+    mut last_ok: Instant,
+    mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+) {
+    let interval = (ttl / 3).max(Duration::from_millis(300));
+    // Lost a little before the cluster could expire the lease (clock rates differ).
+    let margin = ttl / 100;
+    let mut lease = client.lease_client();
+    loop {
+        let alive = inner
+            .upgrade()
+            .is_some_and(|i| !i.closed.load(Ordering::Acquire));
+        if !alive || session.is_lost() {
+            break;
+        }
+        let expiry = last_ok + ttl - margin;
+        let sent = Instant::now();
+        let beat = async {
+            if stream.is_none() {
+                stream = Some(lease.keep_alive(session.id).await?);
+            }
+            let (keeper, messages) = stream.as_mut().expect("a keep-alive stream");
+            keeper.keep_alive().await?;
+            messages.message().await
+        };
+        match tokio::time::timeout_at(expiry.min(sent + interval), beat).await {
+            Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                last_ok = sent;
+                tokio::time::sleep_until(sent + interval).await;
+                continue;
+            }
+            // The cluster no longer knows the lease.
+            Ok(Ok(Some(_))) => break,
+            Ok(Ok(None)) | Ok(Err(_)) => {
+                stream = None;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // No answer in time: the stream may hang on a dead member; open another.
+            Err(_) => stream = None,
+        }
+        if Instant::now() >= last_ok + ttl - margin {
+            break;
+        }
+    }
+    let _ = session.lost.send(true);
+    if let Some(inner) = inner.upgrade() {
+        let mut slot = inner.session.lock().await;
+        if slot.as_ref().is_some_and(|s| s.id == session.id) {
+            *slot = None;
+        }
+    }
+    // Best effort: a cluster that elected a new leader may have renewed the lease.
+    let _ = tokio::time::timeout(Duration::from_secs(5), lease.revoke(session.id)).await;
+}
+
+impl Backend for EtcdBackend {
+    fn name(&self) -> &str {
+        "etcd"
+    }
+
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move { Ok(inner.grant(&key, &token, ttl).await?.is_some()) })
+    }
+
+    fn release(&self, key: &str, token: &str) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move {
+            let was_live = inner.local(&key, &token);
+            let deleted = inner.delete_ours(&key, &token).await?;
+            inner.forget(&key, &token);
+            // A key whose deadline passed is no longer ours to release, even if it was there.
+            Ok(deleted && was_live != Some(false))
+        })
+    }
+
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move { inner.extend(&key, &token, ttl).await })
+    }
+
+    fn is_held(&self, key: &str, token: &str) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move { inner.is_held(&key, &token).await })
+    }
+
+    fn supports_fencing(&self) -> bool {
+        true
+    }
+
+    /// The fence is the key's create revision, taken in the same transaction as the grant.
+    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move { inner.grant(&key, &token, ttl).await })
+    }
+
+    fn watch_lost(&self, key: &str, token: &str) -> Option<Op<()>> {
+        let (mut lost, mut alive) = {
+            let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+            let h = held.get(key).filter(|h| h.token == token)?;
+            (h.session.lost.subscribe(), h.alive.subscribe())
+        };
+        Some(io::run("etcd", move |_| async move {
+            let lost_now = tokio::select! {
+                biased;
+                r = lost.wait_for(|v| *v) => r.is_ok(),
+                // The lock ended (released, expired); a loss at the same moment still wins.
+                _ = alive.changed() => false,
+            };
+            if lost_now || *lost.borrow() {
+                Ok(())
+            } else {
+                Err(Failure::new("etcd", BackendErrorKind::Other, "the lock ended"))
+            }
+        }))
+    }
+}
