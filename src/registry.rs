@@ -5,6 +5,7 @@ use locco_core::IdMap;
 use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 
+use locco_core::etcd::EtcdBackend;
 use locco_core::mongo::MongoBackend;
 use locco_core::postgres::PostgresBackend;
 use locco_core::redis::RedisBackend;
@@ -20,6 +21,7 @@ pub(crate) enum Adapter {
     Redis(Rc<LocalWakeups<RedisBackend>>),
     Postgres(Rc<LocalWakeups<PostgresBackend>>),
     Mongo(Rc<LocalWakeups<MongoBackend>>),
+    Etcd(Rc<LocalWakeups<EtcdBackend>>),
 }
 
 impl Adapter {
@@ -29,6 +31,7 @@ impl Adapter {
             Adapter::Redis(r) => r.clone(),
             Adapter::Postgres(p) => p.clone(),
             Adapter::Mongo(m) => m.clone(),
+            Adapter::Etcd(e) => e.clone(),
         }
     }
 }
