@@ -9,12 +9,16 @@ import { RedisAdapter } from 'locco-rs/redis';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { MongoAdapter } from 'locco-rs/mongo';
 import { startMongo, startPostgres, startRedis, valkeyBinary } from './support/servers.mjs';
+import { EtcdAdapter } from 'locco-rs/etcd';
+import { startEtcd } from './support/servers.mjs';
 
 const redis = await startRedis();
 const valkey = await startRedis({ binary: valkeyBinary() });
 const postgres = await startPostgres();
 const mongo = await startMongo();
 after(() => Promise.all([redis.dispose(), valkey.dispose(), postgres.dispose(), mongo.dispose()]));
+const etcd = await startEtcd();
+after(() => etcd.dispose());
 
 runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
 runLockAdapterContract('MapAdapter (reference, JavaScript)', async () => ({ adapter: new MapAdapter() }));
@@ -32,6 +36,10 @@ runLockAdapterContract('PostgresAdapter', () => {
 });
 runLockAdapterContract(`MongoAdapter (${mongo.name})`, () => {
   const adapter = new MongoAdapter({ url: mongo.url, dbName: 'contract' });
+  return { adapter, cleanup: () => adapter.close() };
+});
+runLockAdapterContract('EtcdAdapter', () => {
+  const adapter = new EtcdAdapter({ endpoints: [etcd.endpoint] });
   return { adapter, cleanup: () => adapter.close() };
 });
 runLockAdapterContract('QueuedMapAdapter (reference with the queue methods)', () => ({ adapter: new QueuedMapAdapter() }));
