@@ -324,7 +324,7 @@ export async function startEtcdCluster({ size = 3, binary = 'etcd' } = {}) {
     },
   };
   try {
-    await server.leader();
+    await server.leader(30_000);
   } catch (e) {
     await server.dispose();
     throw e;

@@ -167,6 +167,17 @@ fn failure_of(secrets: &[String], e: etcd_client::Error) -> Failure {
     }
 }
 
+/// A failure to connect: the request was never delivered.
+fn not_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable && s.message().contains("connect")
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
 fn timeout_failure(what: &str, ms: u64) -> Failure {
     Failure::new(
         "etcd",
@@ -265,13 +276,29 @@ impl Inner {
         Duration::from_millis(self.options.request_timeout_ms)
     }
 
-    /// One request, bounded by `requestTimeout`.
-    async fn bounded<T>(
+    /// One request, bounded by `requestTimeout`. A request that never left (no connection
+    /// to the member the channel picked, e.g. one that just died) is sent again until the
+    /// bound: that is safe for every verb, since the server never saw it.
+    async fn bounded<T, F>(
         &self,
         what: &str,
-        fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, Failure> {
-        match tokio::time::timeout(self.request_timeout(), fut).await {
+        mut send: impl FnMut() -> F,
+    ) -> Result<T, Failure>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let attempts = async {
+            loop {
+                match send().await {
+                    Err(e) if not_sent(&e) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                    r => return r,
+                }
+            }
+        };
+        match tokio::time::timeout(self.request_timeout(), attempts).await {
             Ok(r) => r.map_err(|e| failure_of(&self.secrets, e)),
             Err(_) => Err(timeout_failure(what, self.options.request_timeout_ms)),
         }
@@ -342,12 +369,19 @@ impl Inner {
         if let Some(s) = slot.as_ref().filter(|s| !s.is_lost()) {
             return Ok(s.clone());
         }
-        let mut lease = client.lease_client();
+        let lease = client.lease_client();
         let ttl = i64::from(self.options.session_ttl_s);
         let sent = Instant::now();
-        let granted = self.bounded("a lease grant", lease.grant(ttl, None)).await?;
+        let granted = self.bounded("a lease grant", || {
+            let mut lease = lease.clone();
+            async move { lease.grant(ttl, None).await }
+        }).await?;
         let (keeper, stream) = self
-            .bounded("a keep-alive stream", lease.keep_alive(granted.id()))
+            .bounded("a keep-alive stream", || {
+                let mut lease = lease.clone();
+                let id = granted.id();
+                async move { lease.keep_alive(id).await }
+            })
             .await?;
         let (lost, _) = watch::channel(false);
         let session = Arc::new(Session {
@@ -442,12 +476,15 @@ impl Inner {
 
     /// `value == token → delete`.
     async fn delete_ours(&self, key: &str, token: &str) -> Result<bool, Failure> {
-        let mut kv = self.client().await?.kv_client();
+        let kv = self.client().await?.kv_client();
         let k = self.key(key);
         let txn = Txn::new()
             .when([Compare::value(k.clone(), CompareOp::Equal, token)])
             .and_then([TxnOp::delete(k, None)]);
-        Ok(self.bounded("a release", kv.txn(txn)).await?.succeeded())
+        Ok(self.bounded("a release", || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        }).await?.succeeded())
     }
 
     /// The grant: the revision that created the key, or `None` when it is held.
@@ -466,7 +503,7 @@ impl Inner {
         let mut retried = false;
         loop {
             let session = self.session().await?;
-            let mut kv = self.client().await?.kv_client();
+            let kv = self.client().await?.kv_client();
             let k = self.key(key);
             let txn = Txn::new()
                 .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
@@ -475,7 +512,10 @@ impl Inner {
                     token,
                     Some(PutOptions::new().with_lease(session.id)),
                 )]);
-            match self.bounded("a grant", kv.txn(txn)).await {
+            match self.bounded("a grant", || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        }).await {
                 Ok(resp) if resp.succeeded() => {
                     let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
                     self.hold(key, token, start + Duration::from_millis(u64::from(ttl)), session);
@@ -498,14 +538,17 @@ impl Inner {
             return Ok(false);
         }
         let session = self.session().await?;
-        let mut kv = self.client().await?.kv_client();
+        let kv = self.client().await?.kv_client();
         let k = self.key(key);
         // Ours, and on the live session (a key on a lost session is not extended).
         let txn = Txn::new().when([
             Compare::value(k.clone(), CompareOp::Equal, token),
             Compare::lease(k, CompareOp::Equal, session.id),
         ]);
-        let ok = self.bounded("an extension", kv.txn(txn)).await?.succeeded();
+        let ok = self.bounded("an extension", || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        }).await?.succeeded();
         if ok && self.local(key, token) != Some(false) {
             self.hold(key, token, start + Duration::from_millis(u64::from(ttl)), session);
             return Ok(true);
@@ -517,10 +560,13 @@ impl Inner {
         if self.local(key, token) == Some(false) {
             return Ok(false);
         }
-        let mut kv = self.client().await?.kv_client();
+        let kv = self.client().await?.kv_client();
         // A linearizable read (the default): it goes through the leader's read index.
         let got = self
-            .bounded("a read", kv.get(self.key(key), None::<GetOptions>))
+            .bounded("a read", || {
+                let (mut kv, k) = (kv.clone(), self.key(key));
+                async move { kv.get(k, None::<GetOptions>).await }
+            })
             .await?;
         let ours = got.kvs().first().is_some_and(|kv| kv.value() == token.as_bytes());
         Ok(ours && self.local(key, token) != Some(false))
