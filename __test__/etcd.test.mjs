@@ -91,6 +91,25 @@ describe('EtcdAdapter on a 3-member cluster', () => {
     await second.release();
   });
 
+  it('wakes a waiter in another process when the key is released or expires, not at its next poll', async () => {
+    await using one = new EtcdAdapter({ endpoints: [cluster.members[0].endpoint], prefix: 'wake/' });
+    await using two = new EtcdAdapter({ endpoints: [cluster.members[1].endpoint], prefix: 'wake/' });
+    const holder = new Locker({ adapter: one });
+    const waiter = new Locker({ adapter: two });
+    const slow = { retries: 5, delay: 4000 };
+    for (const end of ['release', 'expiry']) {
+      const held = await holder.acquire(`k-${end}`, { ttl: end === 'expiry' ? 600 : 30_000 });
+      const t0 = Date.now();
+      const waiting = waiter.acquire(`k-${end}`, { ttl: 5000, retry: slow });
+      await sleep(300);
+      if (end === 'release') await held.release();
+      const lock = await waiting;
+      const took = Date.now() - t0;
+      assert.ok(took < 2000, `${end}: the waiter took ${took} ms, its poll is 4000 ms`);
+      await lock.release();
+    }
+  });
+
   it('keeps its locks through the loss of the leader, and grants after the new election', async () => {
     await using adapter = new EtcdAdapter({ endpoints: cluster.endpoints, sessionTtl: 5000, prefix: 'leader/' });
     const locker = new Locker({ adapter });

@@ -36,20 +36,23 @@
 //! effort; a cluster that changed leaders may have renewed it), and the next grant opens a new
 //! session.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream,
-    LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions,
+    LeaseKeepAliveStream, LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp, WatchFilterType,
+    WatchOptions,
 };
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::backend::io::{self, redact, Failure};
-use crate::backend::{Backend, Op};
+use crate::backend::{Backend, Op, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 /// How to reach etcd and where the locks live.
@@ -118,7 +121,14 @@ struct Inner {
     generation: AtomicU64,
     secrets: Vec<String>,
     closed: AtomicBool,
+    /// Tokens this adapter released itself: their deletes already woke this process's next
+    /// waiter (the engine's local wake-ups), so the watch does not wake them all again.
+    released: Mutex<HashSet<String>>,
 }
+
+/// Released tokens remembered at most; past this the set starts again (a spare wake costs one
+/// attempt).
+const RELEASED_MAX: usize = 4096;
 
 /// Locks in etcd.
 #[derive(Clone)]
@@ -237,6 +247,7 @@ impl EtcdBackend {
                 generation: AtomicU64::new(0),
                 secrets,
                 closed: AtomicBool::new(false),
+                released: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -573,6 +584,29 @@ impl Inner {
     }
 }
 
+/// A waiter's watch on its key; dropping it cancels the watch.
+struct KeyWatch {
+    rx: watch::Receiver<u64>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Waiter for KeyWatch {
+    fn released(&mut self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        Box::pin(async move {
+            // A watch that ended (no connection) wakes nobody: the poll is the backstop.
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+}
+
+impl Drop for KeyWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Keeps the session's lease alive until the session is lost or the adapter closed.
 async fn keep_alive(
     inner: Weak<Inner>,
@@ -647,6 +681,13 @@ impl Backend for EtcdBackend {
         let (key, token) = (key.to_owned(), token.to_owned());
         self.run(move |inner| async move {
             let was_live = inner.local(&key, &token);
+            {
+                let mut released = inner.released.lock().unwrap_or_else(|p| p.into_inner());
+                if released.len() >= RELEASED_MAX {
+                    released.clear();
+                }
+                released.insert(token.clone());
+            }
             let deleted = inner.delete_ours(&key, &token).await?;
             inner.forget(&key, &token);
             // A key whose deadline passed is no longer ours to release, even if it was there.
@@ -672,6 +713,51 @@ impl Backend for EtcdBackend {
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
         let (key, token) = (key.to_owned(), token.to_owned());
         self.run(move |inner| async move { inner.grant(&key, &token, ttl).await })
+    }
+
+    /// A watch on the key: wakes the waiter when another process's lock on it ends (released,
+    /// expired by its holder's timer, or gone with its session). Waits for locks this adapter
+    /// releases are woken by the engine's local wake-ups instead, next waiter first.
+    fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
+        let (tx, rx) = watch::channel(0u64);
+        let inner = Arc::downgrade(&self.inner);
+        let k = self.inner.key(key);
+        let task = io::runtime().spawn(async move {
+            let client = match inner.upgrade() {
+                Some(i) => match i.client().await {
+                    Ok(c) => c,
+                    Err(_) => return,
+                },
+                None => return,
+            };
+            let options = WatchOptions::new()
+                .with_filters([WatchFilterType::NoPut])
+                .with_prev_key();
+            let Ok(mut stream) = client.watch_client().watch(k, Some(options)).await else {
+                return;
+            };
+            let mut ends = 0u64;
+            while let Ok(Some(resp)) = stream.message().await {
+                let Some(inner) = inner.upgrade() else { return };
+                for ev in resp.events() {
+                    if ev.event_type() != EventType::Delete {
+                        continue;
+                    }
+                    let ours = ev.prev_kv().is_some_and(|kv| {
+                        let released = inner.released.lock().unwrap_or_else(|p| p.into_inner());
+                        std::str::from_utf8(kv.value()).is_ok_and(|t| released.contains(t))
+                    });
+                    if !ours {
+                        ends += 1;
+                        let _ = tx.send(ends);
+                    }
+                }
+            }
+        });
+        Some(Box::new(KeyWatch {
+            rx,
+            task: task.abort_handle(),
+        }))
     }
 
     fn watch_lost(&self, key: &str, token: &str) -> Option<Op<()>> {
