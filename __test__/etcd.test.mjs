@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { BackendError, Locker, ValidationError } from 'locco-rs';
 import { EtcdAdapter } from 'locco-rs/etcd';
-import { startEtcd, startEtcdCluster } from './support/servers.mjs';
+import { makeTestCertificates, startEtcd, startEtcdCluster } from './support/servers.mjs';
 import { sleep, until } from './support/adapters.mjs';
 
 const b64 = (s) => Buffer.from(s).toString('base64');
@@ -246,5 +246,31 @@ describe('EtcdAdapter with authentication', () => {
     await using adapter = new EtcdAdapter({ endpoints: [etcd.endpoint] });
     const err = await new Locker({ adapter }).tryAcquire('k', { ttl: 5000 }).catch((e) => e);
     assert.ok(err instanceof BackendError, String(err));
+    assert.equal(err.kind, 'auth', err.message);
+  });
+});
+
+describe('EtcdAdapter over TLS', () => {
+  let etcd;
+  let certs;
+  before(async () => {
+    certs = makeTestCertificates();
+    etcd = await startEtcd({ tls: certs });
+  });
+  after(() => etcd.dispose());
+
+  it('locks over https with the CA given in tls.ca', async () => {
+    await using adapter = new EtcdAdapter({ endpoints: [etcd.tlsEndpoint], tls: { ca: certs.ca } });
+    const lock = await new Locker({ adapter, fencing: true }).acquire('k', { ttl: 5000 });
+    assert.ok(lock.fence > 0);
+    assert.equal(await lock.release(), true);
+  });
+
+  it('refuses a server its CA did not sign with a BackendError', async () => {
+    const other = makeTestCertificates();
+    await using adapter = new EtcdAdapter({ endpoints: [etcd.tlsEndpoint], tls: { ca: other.ca }, requestTimeout: 2000 });
+    const err = await new Locker({ adapter }).tryAcquire('k', { ttl: 5000 }).catch((e) => e);
+    assert.ok(err instanceof BackendError, String(err));
+    assert.equal(err.kind, 'tls', err.message);
   });
 });

@@ -238,10 +238,12 @@ export async function startMongo() {
  * Returns { members: [{ name, endpoint, url, pause, resume, stop, start, running }], endpoints,
  * leader(), call(member, path, body), dispose }. Elections are fast (50 ms beats, 500 ms timeout).
  */
-export async function startEtcdCluster({ size = 3, binary = 'etcd' } = {}) {
+export async function startEtcdCluster({ size = 3, binary = 'etcd', tls } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'locco-etcd-'));
   const ports = [];
-  for (let i = 0; i < size; i++) ports.push({ client: await freePort(), peer: await freePort() });
+  for (let i = 0; i < size; i++) {
+    ports.push({ client: await freePort(), peer: await freePort(), tls: tls ? await freePort() : undefined });
+  }
   const cluster = ports.map((p, i) => `m${i}=http://127.0.0.1:${p.peer}`).join(',');
   const token = `locco-${ports[0].peer}`;
   const members = ports.map((p, i) => {
@@ -251,14 +253,18 @@ export async function startEtcdCluster({ size = 3, binary = 'etcd' } = {}) {
       name,
       endpoint: `127.0.0.1:${p.client}`,
       url: `http://127.0.0.1:${p.client}`,
+      // With `tls: { certFile, keyFile }`, a second client listener speaks TLS.
+      tlsEndpoint: tls ? `https://127.0.0.1:${p.tls}` : undefined,
       async start() {
+        const clientUrls = tls ? `${member.url},${member.tlsEndpoint}` : member.url;
         child = spawn(
           binary,
           [
             '--name', name,
             '--data-dir', join(dir, name),
-            '--listen-client-urls', member.url,
-            '--advertise-client-urls', member.url,
+            '--listen-client-urls', clientUrls,
+            '--advertise-client-urls', clientUrls,
+            ...(tls ? ['--cert-file', tls.certFile, '--key-file', tls.keyFile] : []),
             '--listen-peer-urls', `http://127.0.0.1:${p.peer}`,
             '--initial-advertise-peer-urls', `http://127.0.0.1:${p.peer}`,
             '--initial-cluster', cluster,
@@ -336,5 +342,5 @@ export async function startEtcdCluster({ size = 3, binary = 'etcd' } = {}) {
 export async function startEtcd(options = {}) {
   const server = await startEtcdCluster({ ...options, size: 1 });
   const [m] = server.members;
-  return { ...server, endpoint: m.endpoint, url: m.url, pause: m.pause, resume: m.resume };
+  return { ...server, endpoint: m.endpoint, url: m.url, tlsEndpoint: m.tlsEndpoint, pause: m.pause, resume: m.resume };
 }

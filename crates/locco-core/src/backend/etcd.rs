@@ -143,10 +143,14 @@ fn failure_of(secrets: &[String], e: etcd_client::Error) -> Failure {
             use tonic::Code;
             let kind = match s.code() {
                 Code::Unauthenticated | Code::PermissionDenied => BackendErrorKind::Auth,
-                Code::InvalidArgument if s.message().contains("authentication failed") => {
+                Code::InvalidArgument
+                    if s.message().contains("authentication failed")
+                        || s.message().contains("user name is empty") =>
+                {
                     BackendErrorKind::Auth
                 }
                 Code::DeadlineExceeded => BackendErrorKind::Timeout,
+                Code::Unavailable if s.message().contains("certificate") => BackendErrorKind::Tls,
                 Code::Unavailable => BackendErrorKind::Io,
                 _ => BackendErrorKind::Other,
             };
