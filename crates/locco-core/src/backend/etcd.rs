@@ -161,12 +161,18 @@ fn failure_of(secrets: &[String], e: etcd_client::Error) -> Failure {
             (kind, message, Some(format!("{:?}", s.code())))
         }
         E::TransportError(t) => {
-            let text = format!("{t}: {}", std::error::Error::source(t).map(|s| s.to_string()).unwrap_or_default());
-            let kind = if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {
-                BackendErrorKind::Tls
-            } else {
-                BackendErrorKind::Io
-            };
+            let text = format!(
+                "{t}: {}",
+                std::error::Error::source(t)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            );
+            let kind =
+                if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {
+                    BackendErrorKind::Tls
+                } else {
+                    BackendErrorKind::Io
+                };
             (kind, text, None)
         }
         E::IoError(_) => (BackendErrorKind::Io, e.to_string(), None),
@@ -204,7 +210,10 @@ impl EtcdBackend {
     /// Checks the options; connects on first use.
     pub fn new(options: EtcdOptions) -> Result<Self, Error> {
         if options.endpoints.is_empty() {
-            return Err(Error::validation("endpoints", "needs at least one endpoint"));
+            return Err(Error::validation(
+                "endpoints",
+                "needs at least one endpoint",
+            ));
         }
         for e in &options.endpoints {
             let rest = e
@@ -230,7 +239,10 @@ impl EtcdBackend {
             }
         }
         if options.username.is_some() != options.password.is_some() {
-            return Err(Error::validation("auth", "needs both username and password"));
+            return Err(Error::validation(
+                "auth",
+                "needs both username and password",
+            ));
         }
         if options.session_ttl_s < 2 {
             return Err(Error::validation(
@@ -241,7 +253,12 @@ impl EtcdBackend {
         if options.prefix.is_empty() {
             return Err(Error::validation("prefix", "must not be empty"));
         }
-        let secrets = options.password.iter().cloned().filter(|p| !p.is_empty()).collect();
+        let secrets = options
+            .password
+            .iter()
+            .filter(|p| !p.is_empty())
+            .cloned()
+            .collect();
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
                 options,
@@ -294,11 +311,7 @@ impl Inner {
     /// One request, bounded by `requestTimeout`. A request that never left (no connection
     /// to the member the channel picked, e.g. one that just died) is sent again until the
     /// bound: that is safe for every verb, since the server never saw it.
-    async fn bounded<T, F>(
-        &self,
-        what: &str,
-        mut send: impl FnMut() -> F,
-    ) -> Result<T, Failure>
+    async fn bounded<T, F>(&self, what: &str, mut send: impl FnMut() -> F) -> Result<T, Failure>
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
@@ -339,7 +352,9 @@ impl Inner {
                     // A member without a leader refuses at once instead of waiting.
                     .with_require_leader(true);
                 if let (Some(u), Some(p)) = (&o.username, &o.password) {
-                    options = options.with_user(u.clone(), p.clone()).with_auto_token_refresh(true);
+                    options = options
+                        .with_user(u.clone(), p.clone())
+                        .with_auto_token_refresh(true);
                 }
                 if let Some(ca) = &o.ca {
                     options = options.with_tls(
@@ -387,10 +402,12 @@ impl Inner {
         let lease = client.lease_client();
         let ttl = i64::from(self.options.session_ttl_s);
         let sent = Instant::now();
-        let granted = self.bounded("a lease grant", || {
-            let mut lease = lease.clone();
-            async move { lease.grant(ttl, None).await }
-        }).await?;
+        let granted = self
+            .bounded("a lease grant", || {
+                let mut lease = lease.clone();
+                async move { lease.grant(ttl, None).await }
+            })
+            .await?;
         let (keeper, stream) = self
             .bounded("a keep-alive stream", || {
                 let mut lease = lease.clone();
@@ -477,7 +494,9 @@ impl Inner {
     async fn expire(&self, key: &str, token: &str) {
         let session = {
             let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            held.get(key).filter(|h| h.token == token).map(|h| h.session.clone())
+            held.get(key)
+                .filter(|h| h.token == token)
+                .map(|h| h.session.clone())
         };
         for _ in 0..50 {
             match self.delete_ours(key, token).await {
@@ -496,14 +515,22 @@ impl Inner {
         let txn = Txn::new()
             .when([Compare::value(k.clone(), CompareOp::Equal, token)])
             .and_then([TxnOp::delete(k, None)]);
-        Ok(self.bounded("a release", || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
-            async move { kv.txn(txn).await }
-        }).await?.succeeded())
+        Ok(self
+            .bounded("a release", || {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await?
+            .succeeded())
     }
 
     /// The grant: the revision that created the key, or `None` when it is held.
-    async fn grant(self: &Arc<Self>, key: &str, token: &str, ttl: u32) -> Result<Option<u64>, Failure> {
+    async fn grant(
+        self: &Arc<Self>,
+        key: &str,
+        token: &str,
+        ttl: u32,
+    ) -> Result<Option<u64>, Failure> {
         let start = Instant::now();
         // A lock of ours whose deadline passed but whose delete has not landed yet.
         let expired = {
@@ -527,13 +554,21 @@ impl Inner {
                     token,
                     Some(PutOptions::new().with_lease(session.id)),
                 )]);
-            match self.bounded("a grant", || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
-            async move { kv.txn(txn).await }
-        }).await {
+            match self
+                .bounded("a grant", || {
+                    let (mut kv, txn) = (kv.clone(), txn.clone());
+                    async move { kv.txn(txn).await }
+                })
+                .await
+            {
                 Ok(resp) if resp.succeeded() => {
                     let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-                    self.hold(key, token, start + Duration::from_millis(u64::from(ttl)), session);
+                    self.hold(
+                        key,
+                        token,
+                        start + Duration::from_millis(u64::from(ttl)),
+                        session,
+                    );
                     return Ok(Some(revision.max(1) as u64));
                 }
                 Ok(_) => return Ok(None),
@@ -560,12 +595,20 @@ impl Inner {
             Compare::value(k.clone(), CompareOp::Equal, token),
             Compare::lease(k, CompareOp::Equal, session.id),
         ]);
-        let ok = self.bounded("an extension", || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
-            async move { kv.txn(txn).await }
-        }).await?.succeeded();
+        let ok = self
+            .bounded("an extension", || {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await?
+            .succeeded();
         if ok && self.local(key, token) != Some(false) {
-            self.hold(key, token, start + Duration::from_millis(u64::from(ttl)), session);
+            self.hold(
+                key,
+                token,
+                start + Duration::from_millis(u64::from(ttl)),
+                session,
+            );
             return Ok(true);
         }
         Ok(false)
@@ -583,7 +626,10 @@ impl Inner {
                 async move { kv.get(k, None::<GetOptions>).await }
             })
             .await?;
-        let ours = got.kvs().first().is_some_and(|kv| kv.value() == token.as_bytes());
+        let ours = got
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == token.as_bytes());
         Ok(ours && self.local(key, token) != Some(false))
     }
 }
@@ -780,7 +826,11 @@ impl Backend for EtcdBackend {
             if lost_now || *lost.borrow() {
                 Ok(())
             } else {
-                Err(Failure::new("etcd", BackendErrorKind::Other, "the lock ended"))
+                Err(Failure::new(
+                    "etcd",
+                    BackendErrorKind::Other,
+                    "the lock ended",
+                ))
             }
         }))
     }
@@ -802,7 +852,10 @@ mod tests {
     fn refuses_bad_options_naming_the_field() {
         let ok = || EtcdOptions::new(vec!["127.0.0.1:2379".into()]);
         assert_eq!(field_of(ok()), None);
-        assert_eq!(field_of(EtcdOptions::new(vec![])).as_deref(), Some("endpoints"));
+        assert_eq!(
+            field_of(EtcdOptions::new(vec![])).as_deref(),
+            Some("endpoints")
+        );
         for bad in ["127.0.0.1", "http://h:0", "h:port", "http://h:2379/x", ""] {
             assert_eq!(
                 field_of(EtcdOptions::new(vec![bad.into()])).as_deref(),
@@ -815,25 +868,48 @@ mod tests {
             Some("tls.ca")
         );
         assert_eq!(
-            field_of(EtcdOptions { session_ttl_s: 1, ..ok() }).as_deref(),
+            field_of(EtcdOptions {
+                session_ttl_s: 1,
+                ..ok()
+            })
+            .as_deref(),
             Some("sessionTtl")
         );
         assert_eq!(
-            field_of(EtcdOptions { username: Some("u".into()), ..ok() }).as_deref(),
+            field_of(EtcdOptions {
+                username: Some("u".into()),
+                ..ok()
+            })
+            .as_deref(),
             Some("auth")
         );
-        assert_eq!(field_of(EtcdOptions { prefix: String::new(), ..ok() }).as_deref(), Some("prefix"));
+        assert_eq!(
+            field_of(EtcdOptions {
+                prefix: String::new(),
+                ..ok()
+            })
+            .as_deref(),
+            Some("prefix")
+        );
     }
 
     #[test]
     fn a_failed_connection_is_a_request_that_never_left() {
-        let refused = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("tcp connect error"));
+        let refused =
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("tcp connect error"));
         assert!(not_sent(&refused));
-        let no_leader = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: no leader"));
-        assert!(!not_sent(&no_leader), "a member without a leader saw the request");
-        let f = failure_of(&["hunter2-pw".into()], etcd_client::Error::GRpcStatus(
-            tonic::Status::invalid_argument("etcdserver: authentication failed, invalid user ID or password hunter2-pw"),
-        ));
+        let no_leader =
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: no leader"));
+        assert!(
+            !not_sent(&no_leader),
+            "a member without a leader saw the request"
+        );
+        let f = failure_of(
+            &["hunter2-pw".into()],
+            etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(
+                "etcdserver: authentication failed, invalid user ID or password hunter2-pw",
+            )),
+        );
         assert_eq!(f.kind, BackendErrorKind::Auth);
         assert!(!f.message.contains("hunter2-pw"));
     }
