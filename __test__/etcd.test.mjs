@@ -110,6 +110,49 @@ describe('EtcdAdapter on a 3-member cluster', () => {
     }
   });
 
+  it('grants a contended key in order of arrival across adapters, each hand-off pushed', async () => {
+    const adapters = [0, 1, 2].map((i) => new EtcdAdapter({ endpoints: [cluster.members[i].endpoint], prefix: 'fair/' }));
+    try {
+      const lockers = adapters.map((adapter) => new Locker({ adapter }));
+      const places = async () => {
+        const start = Buffer.from('fair/\x01q/order\x00');
+        const end = Buffer.from(start);
+        end[end.length - 1] += 1;
+        const r = await cluster.call(cluster.members[0], 'kv/range', { key: start.toString('base64'), range_end: end.toString('base64'), count_only: true });
+        return Number(r.count ?? 0);
+      };
+      const holder = await lockers[0].acquire('order', { ttl: 30_000 });
+      const slow = { retries: 20, delay: 2000 };
+      const order = [];
+      const waiting = [];
+      // Arrival order: adapter 1, 2, 0, 1.
+      for (const [n, i] of [1, 2, 0, 1].entries()) {
+        waiting.push(
+          lockers[i].acquire('order', { ttl: 30_000, retry: slow }).then(async (lock) => {
+            order.push(n);
+            await sleep(30);
+            await lock.release();
+            return performance.now();
+          }),
+        );
+        for (let t = 0; t < 100 && (await places()) !== n + 1; t++) await sleep(20);
+        assert.equal(await places(), n + 1, `waiter ${n} has its place`);
+      }
+      assert.equal(await lockers[2].tryAcquire('order', { ttl: 1000 }), null);
+      const released = performance.now();
+      await holder.release();
+      // A try does not take the key promised to the head.
+      assert.equal(await lockers[2].tryAcquire('order', { ttl: 1000 }), null, 'no barging');
+      const ends = await Promise.all(waiting);
+      assert.deepEqual(order, [0, 1, 2, 3]);
+      // Four hand-offs with 30 ms holds: far under one 2000 ms poll.
+      assert.ok(Math.max(...ends) - released < 1500, `hand-offs took ${Math.max(...ends) - released} ms`);
+      assert.equal(await places(), 0, 'every place left the queue');
+    } finally {
+      await Promise.all(adapters.map((a) => a.close()));
+    }
+  });
+
   it('keeps its locks through the loss of the leader, and grants after the new election', async () => {
     await using adapter = new EtcdAdapter({ endpoints: cluster.endpoints, sessionTtl: 5000, prefix: 'leader/' });
     const locker = new Locker({ adapter });

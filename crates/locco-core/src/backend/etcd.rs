@@ -52,7 +52,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::backend::io::{self, redact, Failure};
-use crate::backend::{Backend, Op, Waiter};
+use crate::backend::{Backend, Op, Queue, Queued, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 /// How to reach etcd and where the locks live.
@@ -124,6 +124,17 @@ struct Inner {
     /// Tokens this adapter released itself: their deletes already woke this process's next
     /// waiter (the engine's local wake-ups), so the watch does not wake them all again.
     released: Mutex<HashSet<String>>,
+    /// This adapter's places in queues, by (key, waiter).
+    places: Mutex<HashMap<(String, String), Place>>,
+}
+
+/// A place of ours in a key's queue.
+struct Place {
+    /// The place's create revision: its rank in the queue.
+    revision: i64,
+    deadline: Instant,
+    generation: u64,
+    session: Arc<Session>,
 }
 
 /// Released tokens remembered at most; past this the set starts again (a spare wake costs one
@@ -269,6 +280,7 @@ impl EtcdBackend {
                 secrets,
                 closed: AtomicBool::new(false),
                 released: Mutex::new(HashSet::new()),
+                places: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -302,6 +314,11 @@ impl EtcdBackend {
 impl Inner {
     fn key(&self, key: &str) -> String {
         format!("{}{}", self.options.prefix, key)
+    }
+
+    /// Where the places of `key`'s queue live: `<prefix>\x01q/<key>\x00<waiter>`.
+    fn queue_prefix(&self, key: &str) -> String {
+        format!("{}\u{1}q/{}\u{0}", self.options.prefix, key)
     }
 
     fn request_timeout(&self) -> Duration {
@@ -547,8 +564,13 @@ impl Inner {
             let session = self.session().await?;
             let kv = self.client().await?.kv_client();
             let k = self.key(key);
+            // Free, and nobody waits in the key's queue (a try never takes a promised key).
             let txn = Txn::new()
-                .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                .when([
+                    Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(self.queue_prefix(key), CompareOp::Equal, 0)
+                        .with_prefix(),
+                ])
                 .and_then([TxnOp::put(
                     k,
                     token,
@@ -769,45 +791,11 @@ impl Backend for EtcdBackend {
     /// expired by its holder's timer, or gone with its session). Waits for locks this adapter
     /// releases are woken by the engine's local wake-ups instead, next waiter first.
     fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
-        let (tx, rx) = watch::channel(0u64);
-        let inner = Arc::downgrade(&self.inner);
-        let k = self.inner.key(key);
-        let task = io::runtime().spawn(async move {
-            let client = match inner.upgrade() {
-                Some(i) => match i.client().await {
-                    Ok(c) => c,
-                    Err(_) => return,
-                },
-                None => return,
-            };
-            let options = WatchOptions::new()
-                .with_filters([WatchFilterType::NoPut])
-                .with_prev_key();
-            let Ok(mut stream) = client.watch_client().watch(k, Some(options)).await else {
-                return;
-            };
-            let mut ends = 0u64;
-            while let Ok(Some(resp)) = stream.message().await {
-                let Some(inner) = inner.upgrade() else { return };
-                for ev in resp.events() {
-                    if ev.event_type() != EventType::Delete {
-                        continue;
-                    }
-                    let ours = ev.prev_kv().is_some_and(|kv| {
-                        let released = inner.released.lock().unwrap_or_else(|p| p.into_inner());
-                        std::str::from_utf8(kv.value()).is_ok_and(|t| released.contains(t))
-                    });
-                    if !ours {
-                        ends += 1;
-                        let _ = tx.send(ends);
-                    }
-                }
-            }
-        });
-        Some(Box::new(KeyWatch {
-            rx,
-            task: task.abort_handle(),
-        }))
+        Some(self.watch_deletes(key, false, true))
+    }
+
+    fn queue(&self) -> Option<&dyn Queue> {
+        Some(self)
     }
 
     fn watch_lost(&self, key: &str, token: &str) -> Option<Op<()>> {
@@ -912,5 +900,252 @@ mod tests {
         );
         assert_eq!(f.kind, BackendErrorKind::Auth);
         assert!(!f.message.contains("hunter2-pw"));
+    }
+}
+
+// ## The fair queue
+//
+// A key's queue is a range of place keys, `<prefix>\x01q/<key>\x00<waiter>`, each attached to
+// the waiter's session lease; a place's create revision is its rank, so the queue is ordered by
+// arrival across the whole cluster. The head takes a free key in one transaction: "the key was
+// never created, our place still has its revision, and every place in the range has a revision
+// at least ours" → put the key, delete our place. A try (and a waiter's first attempt) needs an
+// empty range. A place lives `lease` ms from its last renewal (an I/O-thread timer deletes it
+// after that, as for locks), or until its session ends when its process died.
+impl Inner {
+    fn place_key(&self, key: &str, waiter: &str) -> String {
+        format!("{}{}", self.queue_prefix(key), waiter)
+    }
+
+    /// Records (or renews) our place and arms the timer that deletes it after `lease` ms.
+    fn keep_place(
+        self: &Arc<Self>,
+        key: &str,
+        waiter: &str,
+        revision: i64,
+        lease: u32,
+        session: Arc<Session>,
+    ) {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_millis(u64::from(lease));
+        let id = (key.to_owned(), waiter.to_owned());
+        self.places
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                id.clone(),
+                Place {
+                    revision,
+                    deadline,
+                    generation,
+                    session,
+                },
+            );
+        let inner = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            let Some(inner) = inner.upgrade() else { return };
+            let current = inner
+                .places
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                .is_some_and(|p| p.generation == generation);
+            if current {
+                let _ = inner.leave_queue(&id.0, &id.1).await;
+            }
+        });
+    }
+
+    async fn leave_queue(&self, key: &str, waiter: &str) -> Result<(), Failure> {
+        self.places
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(key.to_owned(), waiter.to_owned()));
+        let kv = self.client().await?.kv_client();
+        let place = self.place_key(key, waiter);
+        self.bounded("leaving a queue", || {
+            let (mut kv, place) = (kv.clone(), place.clone());
+            async move { kv.delete(place, None).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn acquire_queued(
+        self: &Arc<Self>,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+    ) -> Result<Queued, Failure> {
+        let start = Instant::now();
+        let session = self.session().await?;
+        let kv = self.client().await?.kv_client();
+        let (k, range, place) = (
+            self.key(key),
+            self.queue_prefix(key),
+            self.place_key(key, waiter),
+        );
+        let known = {
+            let places = self.places.lock().unwrap_or_else(|p| p.into_inner());
+            places
+                .get(&(key.to_owned(), waiter.to_owned()))
+                .filter(|p| p.deadline > start && !p.session.is_lost() && p.session.id == session.id)
+                .map(|p| p.revision)
+        };
+        let put_lock = TxnOp::put(
+            k.clone(),
+            token,
+            Some(PutOptions::new().with_lease(session.id)),
+        );
+        let txn = match known {
+            // In the queue: the head takes a free key.
+            Some(rank) => Txn::new()
+                .when([
+                    Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(place.clone(), CompareOp::Equal, rank),
+                    Compare::create_revision(range.clone(), CompareOp::Greater, rank - 1)
+                        .with_prefix(),
+                ])
+                .and_then([put_lock, TxnOp::delete(place.clone(), None)])
+                .or_else([TxnOp::get(place.clone(), None)]),
+            // Not yet: a free key with nobody waiting is ours, else we join at the back.
+            None => Txn::new()
+                .when([
+                    Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(range.clone(), CompareOp::Equal, 0).with_prefix(),
+                ])
+                .and_then([put_lock, TxnOp::delete(place.clone(), None)])
+                .or_else([
+                    TxnOp::put(
+                        place.clone(),
+                        waiter,
+                        Some(PutOptions::new().with_lease(session.id)),
+                    ),
+                    TxnOp::get(place.clone(), None),
+                ]),
+        };
+        let resp = self
+            .bounded("a queued grant", || {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await?;
+        if resp.succeeded() {
+            self.places
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(key.to_owned(), waiter.to_owned()));
+            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            self.hold(
+                key,
+                token,
+                start + Duration::from_millis(u64::from(ttl)),
+                session,
+            );
+            return Ok(Queued::Granted(Some(revision.max(1) as u64)));
+        }
+        let rank = resp.op_responses().into_iter().find_map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
+            _ => None,
+        });
+        match rank {
+            Some(rank) => self.keep_place(key, waiter, rank, lease, session),
+            // Our place is gone (its lease ran out): the next attempt joins again.
+            None => {
+                self.places
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&(key.to_owned(), waiter.to_owned()));
+            }
+        }
+        Ok(Queued::Waiting { retry_in: None })
+    }
+}
+
+impl EtcdBackend {
+    /// A watch on the key and its queue: any delete in either may make us the head of a free
+    /// key.
+    fn watch_deletes(&self, key: &str, with_queue: bool, skip_own: bool) -> Box<dyn Waiter> {
+        let (tx, rx) = watch::channel(0u64);
+        let inner = Arc::downgrade(&self.inner);
+        let k = self.inner.key(key);
+        let range = self.inner.queue_prefix(key);
+        let task = io::runtime().spawn(async move {
+            let client = match inner.upgrade() {
+                Some(i) => match i.client().await {
+                    Ok(c) => c,
+                    Err(_) => return,
+                },
+                None => return,
+            };
+            let options = WatchOptions::new()
+                .with_filters([WatchFilterType::NoPut])
+                .with_prev_key();
+            let Ok(mut stream) = client.watch_client().watch(k, Some(options.clone())).await else {
+                return;
+            };
+            if with_queue && stream.watch(range, Some(options.with_prefix())).await.is_err() {
+                return;
+            }
+            let mut ends = 0u64;
+            while let Ok(Some(resp)) = stream.message().await {
+                let Some(inner) = inner.upgrade() else { return };
+                for ev in resp.events() {
+                    if ev.event_type() != EventType::Delete {
+                        continue;
+                    }
+                    let own = skip_own
+                        && ev.prev_kv().is_some_and(|kv| {
+                            let released =
+                                inner.released.lock().unwrap_or_else(|p| p.into_inner());
+                            std::str::from_utf8(kv.value()).is_ok_and(|t| released.contains(t))
+                        });
+                    if !own {
+                        ends += 1;
+                        let _ = tx.send(ends);
+                    }
+                }
+            }
+        });
+        Box::new(KeyWatch {
+            rx,
+            task: task.abort_handle(),
+        })
+    }
+}
+
+impl Queue for EtcdBackend {
+    fn acquire_queued(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+        fenced: bool,
+    ) -> Op<Queued> {
+        let (key, token, waiter) = (key.to_owned(), token.to_owned(), waiter.to_owned());
+        self.run(move |inner| async move {
+            let got = inner.acquire_queued(&key, &token, ttl, &waiter, lease).await?;
+            Ok(match got {
+                Queued::Granted(fence) if !fenced => {
+                    let _ = fence;
+                    Queued::Granted(None)
+                }
+                other => other,
+            })
+        })
+    }
+
+    fn leave(&self, key: &str, waiter: &str) -> Op<()> {
+        let (key, waiter) = (key.to_owned(), waiter.to_owned());
+        self.run(move |inner| async move { inner.leave_queue(&key, &waiter).await })
+    }
+
+    fn wakeups(&self, key: &str, _waiter: &str) -> Box<dyn Waiter> {
+        self.watch_deletes(key, true, false)
     }
 }
