@@ -10,6 +10,19 @@ import { sleep, until } from './support/adapters.mjs';
 
 const b64 = (s) => Buffer.from(s).toString('base64');
 
+/** How many places the queue of `key` under `prefix` has. */
+async function queueLength(server, prefix, key) {
+  const start = Buffer.from(`${prefix}\x01q/${key}\x00`);
+  const end = Buffer.from(start);
+  end[end.length - 1] += 1;
+  const r = await server.call(server.members[0], 'kv/range', {
+    key: start.toString('base64'),
+    range_end: end.toString('base64'),
+    count_only: true,
+  });
+  return Number(r.count ?? 0);
+}
+
 /** The key as etcd stores it: { value, lease } or null. */
 async function readKey(server, member, key) {
   const r = await server.call(member, 'kv/range', { key: b64(key) });
@@ -151,6 +164,25 @@ describe('EtcdAdapter on a 3-member cluster', () => {
     } finally {
       await Promise.all(adapters.map((a) => a.close()));
     }
+  });
+
+  it('an aborted waiter leaves the queue at once and holds nobody up', async () => {
+    await using one = new EtcdAdapter({ endpoints: [cluster.members[0].endpoint], prefix: 'leave/' });
+    await using two = new EtcdAdapter({ endpoints: [cluster.members[1].endpoint], prefix: 'leave/' });
+    const [a, b] = [new Locker({ adapter: one }), new Locker({ adapter: two })];
+    const holder = await a.acquire('k', { ttl: 30_000 });
+    const abort = new AbortController();
+    const gone = b.acquire('k', { ttl: 5000, signal: abort.signal, retry: { retries: 50, delay: 2000 } }).catch((e) => e);
+    for (let t = 0; t < 100 && (await queueLength(cluster, 'leave/', 'k')) !== 1; t++) await sleep(20);
+    assert.equal(await queueLength(cluster, 'leave/', 'k'), 1, 'queued');
+    abort.abort();
+    await gone;
+    for (let t = 0; t < 100 && (await queueLength(cluster, 'leave/', 'k')) !== 0; t++) await sleep(20);
+    assert.equal(await queueLength(cluster, 'leave/', 'k'), 0, 'the aborted waiter left');
+    await holder.release();
+    const next = await b.tryAcquire('k', { ttl: 1000 });
+    assert.ok(next, 'a free key with an empty queue goes to a try');
+    await next.release();
   });
 
   it('keeps its locks through the loss of the leader, and grants after the new election', async () => {
