@@ -992,7 +992,9 @@ impl Inner {
             let places = self.places.lock().unwrap_or_else(|p| p.into_inner());
             places
                 .get(&(key.to_owned(), waiter.to_owned()))
-                .filter(|p| p.deadline > start && !p.session.is_lost() && p.session.id == session.id)
+                .filter(|p| {
+                    p.deadline > start && !p.session.is_lost() && p.session.id == session.id
+                })
                 .map(|p| p.revision)
         };
         let put_lock = TxnOp::put(
@@ -1087,7 +1089,12 @@ impl EtcdBackend {
             let Ok(mut stream) = client.watch_client().watch(k, Some(options.clone())).await else {
                 return;
             };
-            if with_queue && stream.watch(range, Some(options.with_prefix())).await.is_err() {
+            if with_queue
+                && stream
+                    .watch(range, Some(options.with_prefix()))
+                    .await
+                    .is_err()
+            {
                 return;
             }
             let mut ends = 0u64;
@@ -1099,8 +1106,7 @@ impl EtcdBackend {
                     }
                     let own = skip_own
                         && ev.prev_kv().is_some_and(|kv| {
-                            let released =
-                                inner.released.lock().unwrap_or_else(|p| p.into_inner());
+                            let released = inner.released.lock().unwrap_or_else(|p| p.into_inner());
                             std::str::from_utf8(kv.value()).is_ok_and(|t| released.contains(t))
                         });
                     if !own {
@@ -1129,7 +1135,9 @@ impl Queue for EtcdBackend {
     ) -> Op<Queued> {
         let (key, token, waiter) = (key.to_owned(), token.to_owned(), waiter.to_owned());
         self.run(move |inner| async move {
-            let got = inner.acquire_queued(&key, &token, ttl, &waiter, lease).await?;
+            let got = inner
+                .acquire_queued(&key, &token, ttl, &waiter, lease)
+                .await?;
             Ok(match got {
                 Queued::Granted(fence) if !fenced => {
                     let _ = fence;
