@@ -9,6 +9,8 @@ import { RedisAdapter, RedlockAdapter } from 'locco-rs/redis';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { MongoAdapter } from 'locco-rs/mongo';
 import { startMongo, startPostgres, startRedis, valkeyBinary } from './support/servers.mjs';
+import { EtcdAdapter } from 'locco-rs/etcd';
+import { startEtcd } from './support/servers.mjs';
 
 const redis = await startRedis();
 const valkey = await startRedis({ binary: valkeyBinary() });
@@ -17,6 +19,8 @@ const mongo = await startMongo();
 after(() => Promise.all([redis.dispose(), valkey.dispose(), postgres.dispose(), mongo.dispose()]));
 const redlockServers = await Promise.all([1, 2, 3].map(() => startRedis()));
 after(() => Promise.all(redlockServers.map((s) => s.dispose())));
+const etcd = await startEtcd();
+after(() => etcd.dispose());
 
 runLockAdapterContract('InMemoryAdapter', () => ({ adapter: new InMemoryAdapter() }));
 runLockAdapterContract('MapAdapter (reference, JavaScript)', async () => ({ adapter: new MapAdapter() }));
@@ -38,6 +42,10 @@ runLockAdapterContract('PostgresAdapter', () => {
 });
 runLockAdapterContract(`MongoAdapter (${mongo.name})`, () => {
   const adapter = new MongoAdapter({ url: mongo.url, dbName: 'contract' });
+  return { adapter, cleanup: () => adapter.close() };
+});
+runLockAdapterContract('EtcdAdapter', () => {
+  const adapter = new EtcdAdapter({ endpoints: [etcd.endpoint] });
   return { adapter, cleanup: () => adapter.close() };
 });
 runLockAdapterContract('QueuedMapAdapter (reference with the queue methods)', () => ({ adapter: new QueuedMapAdapter() }));

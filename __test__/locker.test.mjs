@@ -15,6 +15,8 @@ import { PostgresAdapter } from 'locco-rs/postgres';
 import { RedisAdapter, RedlockAdapter } from 'locco-rs/redis';
 import { ADAPTERS, sleep, until } from './support/adapters.mjs';
 import { startMongo, startPostgres, startRedis } from './support/servers.mjs';
+import { EtcdAdapter } from 'locco-rs/etcd';
+import { startEtcd } from './support/servers.mjs';
 
 const redis = await startRedis();
 const postgres = await startPostgres();
@@ -22,6 +24,8 @@ const mongo = await startMongo();
 after(() => Promise.all([redis.dispose(), postgres.dispose(), mongo.dispose()]));
 const redlockServers = await Promise.all([1, 2, 3].map(() => startRedis()));
 after(() => Promise.all(redlockServers.map((s) => s.dispose())));
+const etcd = await startEtcd();
+after(() => etcd.dispose());
 let tables = 0;
 const ALL = [
   ...ADAPTERS,
@@ -37,6 +41,8 @@ const ALL = [
   // A table of its own per test, so keys left held by one test do not meet the next.
   ['PostgresAdapter', () => new PostgresAdapter({ url: postgres.url, tableName: `locks_${++tables}`, poolSize: 4 })],
   ['MongoAdapter', () => new MongoAdapter({ url: mongo.url, dbName: 'locker_tests', collectionName: `locks_${++tables}` })],
+  // A prefix of its own per test, like the tables above.
+  ['EtcdAdapter', () => new EtcdAdapter({ endpoints: [etcd.endpoint], prefix: `locker/${++tables}/` })],
 ];
 
 for (const [name, makeAdapter, caps = {}] of ALL) {

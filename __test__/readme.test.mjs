@@ -11,7 +11,7 @@ import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { startMongo, startPostgres, startRedis } from './support/servers.mjs';
+import { startEtcd, startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
 const require = createRequire(import.meta.url);
 const root = new URL('..', import.meta.url).pathname;
@@ -62,6 +62,7 @@ const plans = {
   'Redlock (several independent Redis servers) #1': { stdout: /^servers: 3 function$/m },
   'PostgreSQL #1': { env: ['DATABASE_URL'] },
   'MongoDB #1': { env: ['MONGO_URL'] },
+  'etcd #1': { env: ['ETCD_ENDPOINTS'] },
   'MutexManager #1': {
     env: ['REDIS_URL'],
     calls: { chargeCard: 1 },
@@ -212,7 +213,7 @@ function runBlock(b, env) {
 describe('the README blocks run', () => {
   // Each server starts when the first block that needs it runs (so a missing one fails only
   // its blocks), and every server that started is stopped at the end.
-  const starters = { REDIS_URL: startRedis, DATABASE_URL: startPostgres, MONGO_URL: startMongo };
+  const starters = { REDIS_URL: startRedis, DATABASE_URL: startPostgres, MONGO_URL: startMongo, ETCD_ENDPOINTS: startEtcd };
   const started = {};
   const server = (variable) => (started[variable] ??= starters[variable]());
   after(async () => {
@@ -228,7 +229,7 @@ describe('the README blocks run', () => {
       for (const v of plan.env ?? []) {
         const srv = await server(v);
         env[v] = srv.url;
-        servers[{ REDIS_URL: 'redis', DATABASE_URL: 'postgres', MONGO_URL: 'mongo' }[v]] = srv;
+        servers[{ REDIS_URL: 'redis', DATABASE_URL: 'postgres', MONGO_URL: 'mongo', ETCD_ENDPOINTS: 'etcd' }[v]] = srv;
       }
       const r = await runBlock(b, env);
       const shown = `exit ${r.code ?? r.signal}\n--- stdout\n${r.stdout}\n--- stderr\n${r.stderr}`;

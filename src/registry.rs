@@ -5,6 +5,7 @@ use locco_core::IdMap;
 use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 
+use locco_core::etcd::EtcdBackend;
 use locco_core::mongo::MongoBackend;
 use locco_core::postgres::PostgresBackend;
 use locco_core::redis::RedisBackend;
@@ -22,6 +23,7 @@ pub(crate) enum Adapter {
     Postgres(Rc<LocalWakeups<PostgresBackend>>),
     Mongo(Rc<LocalWakeups<MongoBackend>>),
     Redlock(Rc<LocalWakeups<RedlockBackend>>),
+    Etcd(Rc<LocalWakeups<EtcdBackend>>),
 }
 
 impl Adapter {
@@ -32,6 +34,7 @@ impl Adapter {
             Adapter::Postgres(p) => p.clone(),
             Adapter::Mongo(m) => m.clone(),
             Adapter::Redlock(r) => r.clone(),
+            Adapter::Etcd(e) => e.clone(),
         }
     }
 }

@@ -12,6 +12,8 @@ mod backend;
 mod engine;
 
 // The backends with options of their own, at the paths the binding uses.
+#[cfg(feature = "etcd")]
+pub use backend::etcd;
 #[cfg(feature = "mongo")]
 pub use backend::mongo;
 #[cfg(feature = "postgres")]

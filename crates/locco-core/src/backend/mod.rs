@@ -2,7 +2,9 @@
 //! in memory, Redis/Valkey, PostgreSQL and MongoDB, with the I/O thread the networked ones
 //! share and the per-key queues of local waiters.
 
-#[cfg(any(feature = "redis", feature = "postgres", feature = "mongo"))]
+#[cfg(feature = "etcd")]
+pub mod etcd;
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mongo", feature = "etcd"))]
 pub(crate) mod io;
 pub(crate) mod memory;
 #[cfg(feature = "mongo")]

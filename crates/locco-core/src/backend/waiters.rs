@@ -109,6 +109,18 @@ impl Drop for QueuedWaiter {
     }
 }
 
+/// Woken by whichever of two waiters is woken first.
+struct EitherWaiter(Box<dyn Waiter>, Box<dyn Waiter>);
+
+impl Waiter for EitherWaiter {
+    fn released(&mut self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        let (a, b) = (self.0.released(), self.1.released());
+        Box::pin(async move {
+            futures_util::future::select(a, b).await;
+        })
+    }
+}
+
 /// Adds this process's release wake-ups to a backend that cannot report releases itself:
 /// waiters are woken when a lock of this process releases the key, and poll for the rest.
 pub struct LocalWakeups<B> {
@@ -163,7 +175,12 @@ impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
         self.inner.no_fencing_reason()
     }
     fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
-        Some(self.waiters.waiter(key))
+        let local = self.waiters.waiter(key);
+        Some(match self.inner.waiter(key) {
+            // The backend also tells of other processes' releases (etcd's watch).
+            Some(remote) => Box::new(EitherWaiter(local, remote)),
+            None => local,
+        })
     }
     fn queue(&self) -> Option<&dyn crate::Queue> {
         self.inner.queue()

@@ -1,0 +1,1159 @@
+//! The etcd backend: a lock is a key under `prefix`, attached to the adapter's session lease.
+//!
+//! ## Grants and fencing
+//!
+//! A grant is one transaction, `create_revision(key) == 0 → put(key, token, lease)`. etcd runs
+//! it through Raft, so two callers can never both see the key absent: while a majority of the
+//! members lives there is no double grant, and a member cut off from the majority commits
+//! nothing (with `require_leader`, it refuses at once once it has no leader). The fencing
+//! token is the revision of the granting transaction, which is the key's create revision:
+//! revisions grow across the whole cluster, so every later grant of the key has a larger one.
+//!
+//! ## One session lease, and the per-lock TTL
+//!
+//! The adapter holds one etcd lease (its *session*, `sessionTtl`, whole seconds) with one
+//! keep-alive stream; every key it grants is attached to it, so a thousand locks cost one
+//! keep-alive, not a thousand. The engine's per-lock TTL (often far below etcd's minimum lease
+//! granularity of a second) is kept by this adapter: each grant or extension records the lock's
+//! deadline (measured from the moment the request left), and a timer on the I/O thread deletes
+//! the key (`value == token → delete`) when a deadline passes without a newer extension. The
+//! timer runs on the I/O thread, not the JavaScript thread, so a stalled event loop does not
+//! stop it. `extend` and `isHeld` also check the deadline, so a lock is never reported held
+//! past it even while the delete is still in flight.
+//!
+//! Why not one etcd lease per lock: a lease TTL is whole seconds (and at least ~2 s with the
+//! default election timeout), which would make a 100 ms lock live 20 times too long; and each
+//! lock would need its own keep-alive. The price of the session design: when the *process*
+//! dies, its keys live until the session lease expires (`sessionTtl`), not until their own TTL.
+//!
+//! ## Losing the session
+//!
+//! The keep-alive loop sends a beat every third of the lease TTL. The session counts as lost
+//! when the cluster answers that the lease is gone, or when no beat was acknowledged for a TTL
+//! (measured from when the last acknowledged beat was sent, so never later than the cluster's
+//! own expiry). Then every lock on it is reported lost at once ([`Backend::watch_lost`], reason
+//! 'session'), `extend` and `isHeld` answer false for them, the old lease is revoked (best
+//! effort; a cluster that changed leaders may have renewed it), and the next grant opens a new
+//! session.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions,
+    LeaseKeepAliveStream, LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp, WatchFilterType,
+    WatchOptions,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::backend::io::{self, redact, Failure};
+use crate::backend::{Backend, Op, Queue, Queued, Waiter};
+use crate::engine::error::{BackendErrorKind, Error};
+
+/// How to reach etcd and where the locks live.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// `host:port` or `http(s)://host:port`, one per member.
+    pub endpoints: Vec<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// PEM of the CA that signed the members' certificates; TLS is on when set.
+    pub ca: Option<String>,
+    /// Prefix of every lock key. Default `locco/`.
+    pub prefix: String,
+    /// TTL of the session lease, in seconds. Default 10, at least 2.
+    pub session_ttl_s: u32,
+    /// Milliseconds to connect. Default 5000.
+    pub connect_timeout_ms: u64,
+    /// Milliseconds for one request. Default 5000.
+    pub request_timeout_ms: u64,
+}
+
+impl EtcdOptions {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        EtcdOptions {
+            endpoints,
+            username: None,
+            password: None,
+            ca: None,
+            prefix: "locco/".into(),
+            session_ttl_s: 10,
+            connect_timeout_ms: 5000,
+            request_timeout_ms: 5000,
+        }
+    }
+}
+
+/// The adapter's session: one lease, kept alive by one task.
+struct Session {
+    id: i64,
+    /// Becomes true once, when the session is lost or closed.
+    lost: watch::Sender<bool>,
+}
+
+impl Session {
+    fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+}
+
+/// A lock this adapter granted or extended.
+struct Held {
+    token: String,
+    deadline: Instant,
+    /// Which grant or extension set `deadline`; a timer acts only for the newest.
+    generation: u64,
+    session: Arc<Session>,
+    /// Dropped with the entry: tells `watch_lost` the lock ended for another reason.
+    alive: watch::Sender<()>,
+}
+
+struct Inner {
+    options: EtcdOptions,
+    client: tokio::sync::OnceCell<Client>,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    held: Mutex<HashMap<String, Held>>,
+    generation: AtomicU64,
+    secrets: Vec<String>,
+    closed: AtomicBool,
+    /// Tokens this adapter released itself: their deletes already woke this process's next
+    /// waiter (the engine's local wake-ups), so the watch does not wake them all again.
+    released: Mutex<HashSet<String>>,
+    /// This adapter's places in queues, by (key, waiter).
+    places: Mutex<HashMap<(String, String), Place>>,
+}
+
+/// A place of ours in a key's queue.
+struct Place {
+    /// The place's create revision: its rank in the queue.
+    revision: i64,
+    deadline: Instant,
+    generation: u64,
+    session: Arc<Session>,
+}
+
+/// Released tokens remembered at most; past this the set starts again (a spare wake costs one
+/// attempt).
+const RELEASED_MAX: usize = 4096;
+
+/// Locks in etcd.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+fn failure_of(secrets: &[String], e: etcd_client::Error) -> Failure {
+    use etcd_client::Error as E;
+    let (kind, message, code) = match &e {
+        E::GRpcStatus(s) => {
+            use tonic::Code;
+            let kind = match s.code() {
+                Code::Unauthenticated | Code::PermissionDenied => BackendErrorKind::Auth,
+                Code::InvalidArgument
+                    if s.message().contains("authentication failed")
+                        || s.message().contains("user name is empty") =>
+                {
+                    BackendErrorKind::Auth
+                }
+                Code::DeadlineExceeded => BackendErrorKind::Timeout,
+                Code::Unavailable if s.message().contains("certificate") => BackendErrorKind::Tls,
+                Code::Unavailable => BackendErrorKind::Io,
+                _ => BackendErrorKind::Other,
+            };
+            let mut message = s.message().to_string();
+            if message.is_empty() {
+                message = format!("{:?}", s.code());
+            }
+            (kind, message, Some(format!("{:?}", s.code())))
+        }
+        E::TransportError(t) => {
+            let text = format!(
+                "{t}: {}",
+                std::error::Error::source(t)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            );
+            let kind =
+                if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {
+                    BackendErrorKind::Tls
+                } else {
+                    BackendErrorKind::Io
+                };
+            (kind, text, None)
+        }
+        E::IoError(_) => (BackendErrorKind::Io, e.to_string(), None),
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
+            (BackendErrorKind::Config, e.to_string(), None)
+        }
+        _ => (BackendErrorKind::Other, e.to_string(), None),
+    };
+    Failure {
+        code,
+        ..Failure::new("etcd", kind, redact(secrets, format!("etcd: {message}")))
+    }
+}
+
+/// A failure to connect: the request was never delivered.
+fn not_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable && s.message().contains("connect")
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+fn timeout_failure(what: &str, ms: u64) -> Failure {
+    Failure::new(
+        "etcd",
+        BackendErrorKind::Timeout,
+        format!("etcd: no answer to {what} within {ms} ms (requestTimeout)"),
+    )
+}
+
+impl EtcdBackend {
+    /// Checks the options; connects on first use.
+    pub fn new(options: EtcdOptions) -> Result<Self, Error> {
+        if options.endpoints.is_empty() {
+            return Err(Error::validation(
+                "endpoints",
+                "needs at least one endpoint",
+            ));
+        }
+        for e in &options.endpoints {
+            let rest = e
+                .strip_prefix("http://")
+                .or_else(|| e.strip_prefix("https://"))
+                .unwrap_or(e);
+            let port = rest.rsplit_once(':').map(|(_, p)| p);
+            if rest.is_empty()
+                || rest.contains('/')
+                || !port.is_some_and(|p| p.parse::<u16>().is_ok_and(|p| p > 0))
+            {
+                return Err(Error::validation(
+                    "endpoints",
+                    format!("{e:?} is not host:port or http(s)://host:port"),
+                ));
+            }
+            if e.starts_with("https://") && options.ca.is_none() {
+                // rustls needs roots; without a CA there are none.
+                return Err(Error::validation(
+                    "tls.ca",
+                    "an https:// endpoint needs tls.ca (the PEM of the members' CA)",
+                ));
+            }
+        }
+        if options.username.is_some() != options.password.is_some() {
+            return Err(Error::validation(
+                "auth",
+                "needs both username and password",
+            ));
+        }
+        if options.session_ttl_s < 2 {
+            return Err(Error::validation(
+                "sessionTtl",
+                "must be at least 2000 ms (etcd's lease granularity is a second)",
+            ));
+        }
+        if options.prefix.is_empty() {
+            return Err(Error::validation("prefix", "must not be empty"));
+        }
+        let secrets = options
+            .password
+            .iter()
+            .filter(|p| !p.is_empty())
+            .cloned()
+            .collect();
+        Ok(EtcdBackend {
+            inner: Arc::new(Inner {
+                options,
+                client: tokio::sync::OnceCell::new(),
+                session: tokio::sync::Mutex::new(None),
+                held: Mutex::new(HashMap::new()),
+                generation: AtomicU64::new(0),
+                secrets,
+                closed: AtomicBool::new(false),
+                released: Mutex::new(HashSet::new()),
+                places: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Ends the session (its lease is revoked, so its keys go at once; the locks on it are
+    /// lost) and refuses operations afterwards.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        let inner = self.inner.clone();
+        io::runtime().spawn(async move {
+            let session = inner.session.lock().await.take();
+            if let Some(s) = session {
+                let _ = s.lost.send(true);
+                if let Some(client) = inner.client.get() {
+                    let mut lease = client.lease_client();
+                    let _ = tokio::time::timeout(Duration::from_secs(2), lease.revoke(s.id)).await;
+                }
+            }
+        });
+    }
+
+    fn run<T: Send + 'static, F>(&self, work: impl FnOnce(Arc<Inner>) -> F) -> Op<T>
+    where
+        F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        io::run("etcd", move |_| work(inner))
+    }
+}
+
+impl Inner {
+    fn key(&self, key: &str) -> String {
+        format!("{}{}", self.options.prefix, key)
+    }
+
+    /// Where the places of `key`'s queue live: `<prefix>\x01q/<key>\x00<waiter>`.
+    fn queue_prefix(&self, key: &str) -> String {
+        format!("{}\u{1}q/{}\u{0}", self.options.prefix, key)
+    }
+
+    fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.options.request_timeout_ms)
+    }
+
+    /// One request, bounded by `requestTimeout`. A request that never left (no connection
+    /// to the member the channel picked, e.g. one that just died) is sent again until the
+    /// bound: that is safe for every verb, since the server never saw it.
+    async fn bounded<T, F>(&self, what: &str, mut send: impl FnMut() -> F) -> Result<T, Failure>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let attempts = async {
+            loop {
+                match send().await {
+                    Err(e) if not_sent(&e) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                    r => return r,
+                }
+            }
+        };
+        match tokio::time::timeout(self.request_timeout(), attempts).await {
+            Ok(r) => r.map_err(|e| failure_of(&self.secrets, e)),
+            Err(_) => Err(timeout_failure(what, self.options.request_timeout_ms)),
+        }
+    }
+
+    async fn client(&self) -> Result<Client, Failure> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Failure::new(
+                "etcd",
+                BackendErrorKind::Config,
+                "the etcd adapter is closed",
+            ));
+        }
+        let ms = self.options.connect_timeout_ms;
+        self.client
+            .get_or_try_init(|| async {
+                let o = &self.options;
+                let mut options = ConnectOptions::new()
+                    .with_connect_timeout(Duration::from_millis(ms))
+                    .with_timeout(self.request_timeout())
+                    .with_keep_alive(Duration::from_secs(1), Duration::from_millis(ms.min(3000)))
+                    .with_keep_alive_while_idle(true)
+                    // A member without a leader refuses at once instead of waiting.
+                    .with_require_leader(true);
+                if let (Some(u), Some(p)) = (&o.username, &o.password) {
+                    options = options
+                        .with_user(u.clone(), p.clone())
+                        .with_auto_token_refresh(true);
+                }
+                if let Some(ca) = &o.ca {
+                    options = options.with_tls(
+                        TlsOptions::new().ca_certificate(Certificate::from_pem(ca.as_bytes())),
+                    );
+                }
+                let endpoints: Vec<String> = o
+                    .endpoints
+                    .iter()
+                    .map(|e| {
+                        if e.contains("://") {
+                            e.clone()
+                        } else if o.ca.is_some() {
+                            format!("https://{e}")
+                        } else {
+                            format!("http://{e}")
+                        }
+                    })
+                    .collect();
+                match tokio::time::timeout(
+                    Duration::from_millis(ms),
+                    Client::connect(endpoints, Some(options)),
+                )
+                .await
+                {
+                    Ok(r) => r.map_err(|e| failure_of(&self.secrets, e)),
+                    Err(_) => Err(Failure::new(
+                        "etcd",
+                        BackendErrorKind::Timeout,
+                        format!("etcd: could not connect within {ms} ms (connectTimeout)"),
+                    )),
+                }
+            })
+            .await
+            .cloned()
+    }
+
+    /// The live session, opened (lease granted, keep-alive started) when there is none.
+    async fn session(self: &Arc<Self>) -> Result<Arc<Session>, Failure> {
+        let client = self.client().await?;
+        let mut slot = self.session.lock().await;
+        if let Some(s) = slot.as_ref().filter(|s| !s.is_lost()) {
+            return Ok(s.clone());
+        }
+        let lease = client.lease_client();
+        let ttl = i64::from(self.options.session_ttl_s);
+        let sent = Instant::now();
+        let granted = self
+            .bounded("a lease grant", || {
+                let mut lease = lease.clone();
+                async move { lease.grant(ttl, None).await }
+            })
+            .await?;
+        let (keeper, stream) = self
+            .bounded("a keep-alive stream", || {
+                let mut lease = lease.clone();
+                let id = granted.id();
+                async move { lease.keep_alive(id).await }
+            })
+            .await?;
+        let (lost, _) = watch::channel(false);
+        let session = Arc::new(Session {
+            id: granted.id(),
+            lost,
+        });
+        let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+        tokio::spawn(keep_alive(
+            Arc::downgrade(self),
+            client,
+            session.clone(),
+            ttl,
+            sent,
+            Some((keeper, stream)),
+        ));
+        *slot = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Records (or renews) a lock's deadline and arms its timer.
+    fn hold(self: &Arc<Self>, key: &str, token: &str, deadline: Instant, session: Arc<Session>) {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            match held.get_mut(key) {
+                Some(h) if h.token == token => {
+                    h.deadline = deadline;
+                    h.generation = generation;
+                    h.session = session;
+                }
+                _ => {
+                    held.insert(
+                        key.to_owned(),
+                        Held {
+                            token: token.to_owned(),
+                            deadline,
+                            generation,
+                            session,
+                            alive: watch::channel(()).0,
+                        },
+                    );
+                }
+            }
+        }
+        let inner = Arc::downgrade(self);
+        let (key, token) = (key.to_owned(), token.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            let Some(inner) = inner.upgrade() else { return };
+            let current = {
+                let held = inner.held.lock().unwrap_or_else(|p| p.into_inner());
+                held.get(&key)
+                    .is_some_and(|h| h.token == token && h.generation == generation)
+            };
+            if current {
+                inner.expire(&key, &token).await;
+            }
+        });
+    }
+
+    /// Forgets a lock this adapter knew.
+    fn forget(&self, key: &str, token: &str) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(key).is_some_and(|h| h.token == token) {
+            held.remove(key);
+        }
+    }
+
+    /// What this adapter knows of `key` held by `token`: `Some(false)` when its deadline
+    /// passed or its session was lost, `Some(true)` when it runs, `None` when it knows nothing.
+    fn local(&self, key: &str, token: &str) -> Option<bool> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let h = held.get(key).filter(|h| h.token == token)?;
+        Some(h.deadline > Instant::now() && !h.session.is_lost())
+    }
+
+    /// A known lock whose deadline passed: deleted by value, retried while the session lives.
+    async fn expire(&self, key: &str, token: &str) {
+        let session = {
+            let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.get(key)
+                .filter(|h| h.token == token)
+                .map(|h| h.session.clone())
+        };
+        for _ in 0..50 {
+            match self.delete_ours(key, token).await {
+                Ok(_) => break,
+                Err(_) if session.as_ref().is_some_and(|s| s.is_lost()) => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        self.forget(key, token);
+    }
+
+    /// `value == token → delete`.
+    async fn delete_ours(&self, key: &str, token: &str) -> Result<bool, Failure> {
+        let kv = self.client().await?.kv_client();
+        let k = self.key(key);
+        let txn = Txn::new()
+            .when([Compare::value(k.clone(), CompareOp::Equal, token)])
+            .and_then([TxnOp::delete(k, None)]);
+        Ok(self
+            .bounded("a release", || {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await?
+            .succeeded())
+    }
+
+    /// The grant: the revision that created the key, or `None` when it is held.
+    async fn grant(
+        self: &Arc<Self>,
+        key: &str,
+        token: &str,
+        ttl: u32,
+    ) -> Result<Option<u64>, Failure> {
+        let start = Instant::now();
+        // A lock of ours whose deadline passed but whose delete has not landed yet.
+        let expired = {
+            let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.get(key)
+                .filter(|h| h.deadline <= start || h.session.is_lost())
+                .map(|h| h.token.clone())
+        };
+        if let Some(old) = expired {
+            self.expire(key, &old).await;
+        }
+        let mut retried = false;
+        loop {
+            let session = self.session().await?;
+            let kv = self.client().await?.kv_client();
+            let k = self.key(key);
+            // Free, and nobody waits in the key's queue (a try never takes a promised key).
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(self.queue_prefix(key), CompareOp::Equal, 0)
+                        .with_prefix(),
+                ])
+                .and_then([TxnOp::put(
+                    k,
+                    token,
+                    Some(PutOptions::new().with_lease(session.id)),
+                )]);
+            match self
+                .bounded("a grant", || {
+                    let (mut kv, txn) = (kv.clone(), txn.clone());
+                    async move { kv.txn(txn).await }
+                })
+                .await
+            {
+                Ok(resp) if resp.succeeded() => {
+                    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                    self.hold(
+                        key,
+                        token,
+                        start + Duration::from_millis(u64::from(ttl)),
+                        session,
+                    );
+                    return Ok(Some(revision.max(1) as u64));
+                }
+                Ok(_) => return Ok(None),
+                // The cluster dropped the lease before the keep-alive loop noticed.
+                Err(f) if !retried && f.message.contains("lease not found") => {
+                    let _ = session.lost.send(true);
+                    retried = true;
+                }
+                Err(f) => return Err(f),
+            }
+        }
+    }
+
+    async fn extend(self: &Arc<Self>, key: &str, token: &str, ttl: u32) -> Result<bool, Failure> {
+        let start = Instant::now();
+        if self.local(key, token) == Some(false) {
+            return Ok(false);
+        }
+        let session = self.session().await?;
+        let kv = self.client().await?.kv_client();
+        let k = self.key(key);
+        // Ours, and on the live session (a key on a lost session is not extended).
+        let txn = Txn::new().when([
+            Compare::value(k.clone(), CompareOp::Equal, token),
+            Compare::lease(k, CompareOp::Equal, session.id),
+        ]);
+        let ok = self
+            .bounded("an extension", || {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await?
+            .succeeded();
+        if ok && self.local(key, token) != Some(false) {
+            self.hold(
+                key,
+                token,
+                start + Duration::from_millis(u64::from(ttl)),
+                session,
+            );
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn is_held(&self, key: &str, token: &str) -> Result<bool, Failure> {
+        if self.local(key, token) == Some(false) {
+            return Ok(false);
+        }
+        let kv = self.client().await?.kv_client();
+        // A linearizable read (the default): it goes through the leader's read index.
+        let got = self
+            .bounded("a read", || {
+                let (mut kv, k) = (kv.clone(), self.key(key));
+                async move { kv.get(k, None::<GetOptions>).await }
+            })
+            .await?;
+        let ours = got
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == token.as_bytes());
+        Ok(ours && self.local(key, token) != Some(false))
+    }
+}
+
+/// A waiter's watch on its key; dropping it cancels the watch.
+struct KeyWatch {
+    rx: watch::Receiver<u64>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Waiter for KeyWatch {
+    fn released(&mut self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        Box::pin(async move {
+            // A watch that ended (no connection) wakes nobody: the poll is the backstop.
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+}
+
+impl Drop for KeyWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Keeps the session's lease alive until the session is lost or the adapter closed.
+async fn keep_alive(
+    inner: Weak<Inner>,
+    client: Client,
+    session: Arc<Session>,
+    ttl: Duration,
+    mut last_ok: Instant,
+    mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+) {
+    let interval = (ttl / 3).max(Duration::from_millis(300));
+    // Lost a little before the cluster could expire the lease (clock rates differ).
+    let margin = ttl / 100;
+    let mut lease = client.lease_client();
+    loop {
+        let alive = inner
+            .upgrade()
+            .is_some_and(|i| !i.closed.load(Ordering::Acquire));
+        if !alive || session.is_lost() {
+            break;
+        }
+        let expiry = last_ok + ttl - margin;
+        let sent = Instant::now();
+        let beat = async {
+            if stream.is_none() {
+                stream = Some(lease.keep_alive(session.id).await?);
+            }
+            let (keeper, messages) = stream.as_mut().expect("a keep-alive stream");
+            keeper.keep_alive().await?;
+            messages.message().await
+        };
+        match tokio::time::timeout_at(expiry.min(sent + interval), beat).await {
+            Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                last_ok = sent;
+                tokio::time::sleep_until(sent + interval).await;
+                continue;
+            }
+            // The cluster no longer knows the lease.
+            Ok(Ok(Some(_))) => break,
+            Ok(Ok(None)) | Ok(Err(_)) => {
+                stream = None;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // No answer in time: the stream may hang on a dead member; open another.
+            Err(_) => stream = None,
+        }
+        if Instant::now() >= last_ok + ttl - margin {
+            break;
+        }
+    }
+    let _ = session.lost.send(true);
+    if let Some(inner) = inner.upgrade() {
+        let mut slot = inner.session.lock().await;
+        if slot.as_ref().is_some_and(|s| s.id == session.id) {
+            *slot = None;
+        }
+    }
+    // Best effort: a cluster that elected a new leader may have renewed the lease.
+    let _ = tokio::time::timeout(Duration::from_secs(5), lease.revoke(session.id)).await;
+}
+
+impl Backend for EtcdBackend {
+    fn name(&self) -> &str {
+        "etcd"
+    }
+
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move { Ok(inner.grant(&key, &token, ttl).await?.is_some()) })
+    }
+
+    fn release(&self, key: &str, token: &str) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move {
+            let was_live = inner.local(&key, &token);
+            {
+                let mut released = inner.released.lock().unwrap_or_else(|p| p.into_inner());
+                if released.len() >= RELEASED_MAX {
+                    released.clear();
+                }
+                released.insert(token.clone());
+            }
+            let deleted = inner.delete_ours(&key, &token).await?;
+            inner.forget(&key, &token);
+            // A key whose deadline passed is no longer ours to release, even if it was there.
+            Ok(deleted && was_live != Some(false))
+        })
+    }
+
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move { inner.extend(&key, &token, ttl).await })
+    }
+
+    fn is_held(&self, key: &str, token: &str) -> Op<bool> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move { inner.is_held(&key, &token).await })
+    }
+
+    fn supports_fencing(&self) -> bool {
+        true
+    }
+
+    /// The fence is the key's create revision, taken in the same transaction as the grant.
+    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        self.run(move |inner| async move { inner.grant(&key, &token, ttl).await })
+    }
+
+    /// A watch on the key: wakes the waiter when another process's lock on it ends (released,
+    /// expired by its holder's timer, or gone with its session). Waits for locks this adapter
+    /// releases are woken by the engine's local wake-ups instead, next waiter first.
+    fn waiter(&self, key: &str) -> Option<Box<dyn Waiter>> {
+        Some(self.watch_deletes(key, false, true))
+    }
+
+    fn queue(&self) -> Option<&dyn Queue> {
+        Some(self)
+    }
+
+    fn watch_lost(&self, key: &str, token: &str) -> Option<Op<()>> {
+        let (mut lost, mut alive) = {
+            let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+            let h = held.get(key).filter(|h| h.token == token)?;
+            (h.session.lost.subscribe(), h.alive.subscribe())
+        };
+        Some(io::run("etcd", move |_| async move {
+            let lost_now = tokio::select! {
+                biased;
+                r = lost.wait_for(|v| *v) => r.is_ok(),
+                // The lock ended (released, expired); a loss at the same moment still wins.
+                _ = alive.changed() => false,
+            };
+            if lost_now || *lost.borrow() {
+                Ok(())
+            } else {
+                Err(Failure::new(
+                    "etcd",
+                    BackendErrorKind::Other,
+                    "the lock ended",
+                ))
+            }
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(options: EtcdOptions) -> Option<String> {
+        match EtcdBackend::new(options) {
+            Err(Error::Validation { field, .. }) => Some(field),
+            Err(e) => panic!("not a validation error: {e}"),
+            Ok(_) => None,
+        }
+    }
+
+    #[test]
+    fn refuses_bad_options_naming_the_field() {
+        let ok = || EtcdOptions::new(vec!["127.0.0.1:2379".into()]);
+        assert_eq!(field_of(ok()), None);
+        assert_eq!(
+            field_of(EtcdOptions::new(vec![])).as_deref(),
+            Some("endpoints")
+        );
+        for bad in ["127.0.0.1", "http://h:0", "h:port", "http://h:2379/x", ""] {
+            assert_eq!(
+                field_of(EtcdOptions::new(vec![bad.into()])).as_deref(),
+                Some("endpoints"),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            field_of(EtcdOptions::new(vec!["https://h:2379".into()])).as_deref(),
+            Some("tls.ca")
+        );
+        assert_eq!(
+            field_of(EtcdOptions {
+                session_ttl_s: 1,
+                ..ok()
+            })
+            .as_deref(),
+            Some("sessionTtl")
+        );
+        assert_eq!(
+            field_of(EtcdOptions {
+                username: Some("u".into()),
+                ..ok()
+            })
+            .as_deref(),
+            Some("auth")
+        );
+        assert_eq!(
+            field_of(EtcdOptions {
+                prefix: String::new(),
+                ..ok()
+            })
+            .as_deref(),
+            Some("prefix")
+        );
+    }
+
+    #[test]
+    fn a_failed_connection_is_a_request_that_never_left() {
+        let refused =
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("tcp connect error"));
+        assert!(not_sent(&refused));
+        let no_leader =
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: no leader"));
+        assert!(
+            !not_sent(&no_leader),
+            "a member without a leader saw the request"
+        );
+        let f = failure_of(
+            &["hunter2-pw".into()],
+            etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(
+                "etcdserver: authentication failed, invalid user ID or password hunter2-pw",
+            )),
+        );
+        assert_eq!(f.kind, BackendErrorKind::Auth);
+        assert!(!f.message.contains("hunter2-pw"));
+    }
+}
+
+// ## The fair queue
+//
+// A key's queue is a range of place keys, `<prefix>\x01q/<key>\x00<waiter>`, each attached to
+// the waiter's session lease; a place's create revision is its rank, so the queue is ordered by
+// arrival across the whole cluster. The head takes a free key in one transaction: "the key was
+// never created, our place still has its revision, and every place in the range has a revision
+// at least ours" → put the key, delete our place. A try (and a waiter's first attempt) needs an
+// empty range. A place lives `lease` ms from its last renewal (an I/O-thread timer deletes it
+// after that, as for locks), or until its session ends when its process died.
+impl Inner {
+    fn place_key(&self, key: &str, waiter: &str) -> String {
+        format!("{}{}", self.queue_prefix(key), waiter)
+    }
+
+    /// Records (or renews) our place and arms the timer that deletes it after `lease` ms.
+    fn keep_place(
+        self: &Arc<Self>,
+        key: &str,
+        waiter: &str,
+        revision: i64,
+        lease: u32,
+        session: Arc<Session>,
+    ) {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_millis(u64::from(lease));
+        let id = (key.to_owned(), waiter.to_owned());
+        self.places
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                id.clone(),
+                Place {
+                    revision,
+                    deadline,
+                    generation,
+                    session,
+                },
+            );
+        let inner = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            let Some(inner) = inner.upgrade() else { return };
+            let current = inner
+                .places
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                .is_some_and(|p| p.generation == generation);
+            if current {
+                let _ = inner.leave_queue(&id.0, &id.1).await;
+            }
+        });
+    }
+
+    async fn leave_queue(&self, key: &str, waiter: &str) -> Result<(), Failure> {
+        self.places
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(key.to_owned(), waiter.to_owned()));
+        let kv = self.client().await?.kv_client();
+        let place = self.place_key(key, waiter);
+        self.bounded("leaving a queue", || {
+            let (mut kv, place) = (kv.clone(), place.clone());
+            async move { kv.delete(place, None).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn acquire_queued(
+        self: &Arc<Self>,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+    ) -> Result<Queued, Failure> {
+        let start = Instant::now();
+        let session = self.session().await?;
+        let kv = self.client().await?.kv_client();
+        let (k, range, place) = (
+            self.key(key),
+            self.queue_prefix(key),
+            self.place_key(key, waiter),
+        );
+        let known = {
+            let places = self.places.lock().unwrap_or_else(|p| p.into_inner());
+            places
+                .get(&(key.to_owned(), waiter.to_owned()))
+                .filter(|p| {
+                    p.deadline > start && !p.session.is_lost() && p.session.id == session.id
+                })
+                .map(|p| p.revision)
+        };
+        let put_lock = TxnOp::put(
+            k.clone(),
+            token,
+            Some(PutOptions::new().with_lease(session.id)),
+        );
+        let txn = match known {
+            // In the queue: the head takes a free key.
+            Some(rank) => Txn::new()
+                .when([
+                    Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(place.clone(), CompareOp::Equal, rank),
+                    Compare::create_revision(range.clone(), CompareOp::Greater, rank - 1)
+                        .with_prefix(),
+                ])
+                .and_then([put_lock, TxnOp::delete(place.clone(), None)])
+                .or_else([TxnOp::get(place.clone(), None)]),
+            // Not yet: a free key with nobody waiting is ours, else we join at the back.
+            None => Txn::new()
+                .when([
+                    Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(range.clone(), CompareOp::Equal, 0).with_prefix(),
+                ])
+                .and_then([put_lock, TxnOp::delete(place.clone(), None)])
+                .or_else([
+                    TxnOp::put(
+                        place.clone(),
+                        waiter,
+                        Some(PutOptions::new().with_lease(session.id)),
+                    ),
+                    TxnOp::get(place.clone(), None),
+                ]),
+        };
+        let resp = self
+            .bounded("a queued grant", || {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await?;
+        if resp.succeeded() {
+            self.places
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(key.to_owned(), waiter.to_owned()));
+            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            self.hold(
+                key,
+                token,
+                start + Duration::from_millis(u64::from(ttl)),
+                session,
+            );
+            return Ok(Queued::Granted(Some(revision.max(1) as u64)));
+        }
+        let rank = resp.op_responses().into_iter().find_map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
+            _ => None,
+        });
+        match rank {
+            Some(rank) => self.keep_place(key, waiter, rank, lease, session),
+            // Our place is gone (its lease ran out): the next attempt joins again.
+            None => {
+                self.places
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&(key.to_owned(), waiter.to_owned()));
+            }
+        }
+        Ok(Queued::Waiting { retry_in: None })
+    }
+}
+
+impl EtcdBackend {
+    /// A watch on the key and its queue: any delete in either may make us the head of a free
+    /// key.
+    fn watch_deletes(&self, key: &str, with_queue: bool, skip_own: bool) -> Box<dyn Waiter> {
+        let (tx, rx) = watch::channel(0u64);
+        let inner = Arc::downgrade(&self.inner);
+        let k = self.inner.key(key);
+        let range = self.inner.queue_prefix(key);
+        let task = io::runtime().spawn(async move {
+            let client = match inner.upgrade() {
+                Some(i) => match i.client().await {
+                    Ok(c) => c,
+                    Err(_) => return,
+                },
+                None => return,
+            };
+            let options = WatchOptions::new()
+                .with_filters([WatchFilterType::NoPut])
+                .with_prev_key();
+            let Ok(mut stream) = client.watch_client().watch(k, Some(options.clone())).await else {
+                return;
+            };
+            if with_queue
+                && stream
+                    .watch(range, Some(options.with_prefix()))
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+            let mut ends = 0u64;
+            while let Ok(Some(resp)) = stream.message().await {
+                let Some(inner) = inner.upgrade() else { return };
+                for ev in resp.events() {
+                    if ev.event_type() != EventType::Delete {
+                        continue;
+                    }
+                    let own = skip_own
+                        && ev.prev_kv().is_some_and(|kv| {
+                            let released = inner.released.lock().unwrap_or_else(|p| p.into_inner());
+                            std::str::from_utf8(kv.value()).is_ok_and(|t| released.contains(t))
+                        });
+                    if !own {
+                        ends += 1;
+                        let _ = tx.send(ends);
+                    }
+                }
+            }
+        });
+        Box::new(KeyWatch {
+            rx,
+            task: task.abort_handle(),
+        })
+    }
+}
+
+impl Queue for EtcdBackend {
+    fn acquire_queued(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+        fenced: bool,
+    ) -> Op<Queued> {
+        let (key, token, waiter) = (key.to_owned(), token.to_owned(), waiter.to_owned());
+        self.run(move |inner| async move {
+            let got = inner
+                .acquire_queued(&key, &token, ttl, &waiter, lease)
+                .await?;
+            Ok(match got {
+                Queued::Granted(fence) if !fenced => {
+                    let _ = fence;
+                    Queued::Granted(None)
+                }
+                other => other,
+            })
+        })
+    }
+
+    fn leave(&self, key: &str, waiter: &str) -> Op<()> {
+        let (key, waiter) = (key.to_owned(), waiter.to_owned());
+        self.run(move |inner| async move { inner.leave_queue(&key, &waiter).await })
+    }
+
+    fn wakeups(&self, key: &str, _waiter: &str) -> Box<dyn Waiter> {
+        self.watch_deletes(key, true, false)
+    }
+}
