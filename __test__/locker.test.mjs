@@ -32,6 +32,7 @@ const ALL = [
   ],
   // A table of its own per test, so keys left held by one test do not meet the next.
   ['PostgresAdapter', () => new PostgresAdapter({ url: postgres.url, tableName: `locks_${++tables}`, poolSize: 4 })],
+  ['PostgresAdapter (advisory)', () => new PostgresAdapter({ url: postgres.url, mode: 'advisory', tableName: `adv_${++tables}`, poolSize: 8 })],
   ['MongoAdapter', () => new MongoAdapter({ url: mongo.url, dbName: 'locker_tests', collectionName: `locks_${++tables}` })],
 ];
 
