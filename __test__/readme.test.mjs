@@ -60,6 +60,7 @@ const plans = {
   'In-memory backend #1': {},
   'Redis and Valkey #1': { env: ['REDIS_URL'] },
   'PostgreSQL #1': { env: ['DATABASE_URL'] },
+  'PostgreSQL advisory locks #1': { env: ['DATABASE_URL'] },
   'MongoDB #1': { env: ['MONGO_URL'] },
   'MutexManager #1': {
     env: ['REDIS_URL'],
