@@ -160,6 +160,10 @@ struct Holder {
     id: u64,
     commands: mpsc::UnboundedSender<Command>,
     ended: Ended,
+    /// Where the end is told. A release tells it from the thread that asked for the release,
+    /// with the answer, so the engine's watch (see [`Advisory::watch_lost`]) settles there
+    /// without another wake from the I/O thread.
+    end: Arc<watch::Sender<Option<bool>>>,
 }
 
 struct Sql {
@@ -273,18 +277,22 @@ impl Advisory {
                 .prepare_cached(sql)
                 .await
                 .map_err(|e| base.failure(e))?;
+            // From here the connection may hold the lock: should this task end before it is
+            // handed over (a panic), it is closed, never pooled with a lock inside.
+            let client = Connection(Some(client));
             // The lease starts when the request leaves, after the engine's own start.
             let sent = Instant::now();
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&n];
-            let query = client.query_one(&statement, &params);
-            let (row, discard) = base.cancellable(&client, &abandon, query).await;
+            let query = client.get().query_one(&statement, &params);
+            let (row, discard) = base.cancellable(client.get(), &abandon, query).await;
             if discard {
                 // Closing the session gives back whatever it was granted.
-                drop(deadpool_postgres::Object::take(client));
+                drop(client);
                 return row.map(|_| None);
             }
             let fence: Option<i64> = row?.get(0);
             let Some(fence) = fence else {
+                client.give_back();
                 return Ok(None);
             };
             this.hold(n, token, client, sent + ms(ttl));
@@ -322,16 +330,12 @@ impl Advisory {
     }
 
     /// Keeps a granted lock: its connection stays out of the pool with a task of its own.
-    fn hold(
-        self: &Arc<Self>,
-        n: i64,
-        token: String,
-        client: deadpool_postgres::Object,
-        deadline: Instant,
-    ) {
+    fn hold(self: &Arc<Self>, n: i64, token: String, client: Connection, deadline: Instant) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (commands, inbox) = mpsc::unbounded_channel();
-        let (ended_tx, ended) = watch::channel(None);
+        let (end, ended) = watch::channel(None);
+        let end = Arc::new(end);
+        let ended_tx = end.clone();
         self.held().insert(
             n,
             Holder {
@@ -339,18 +343,22 @@ impl Advisory {
                 id,
                 commands,
                 ended,
+                end,
             },
         );
         let this = self.clone();
         tokio::spawn(async move {
             let session = Session {
                 n,
-                client: Some(client),
+                client,
                 deadline,
                 wait: ms(u32::try_from(this.base.options.connect_timeout_ms).unwrap_or(u32::MAX)),
+                unlocked: false,
             };
-            let lost = session.run(&this, id, inbox).await;
-            let _ = ended_tx.send(Some(lost));
+            let (lost, released) = session.run(&this, id, inbox).await;
+            if !released {
+                ended_tx.send_replace(Some(lost));
+            }
         });
     }
 
@@ -362,20 +370,29 @@ impl Advisory {
             Err(e) => return Op::ready(Err(e)),
         };
         let (reply, answer) = oneshot::channel();
-        let sent = self
-            .held()
-            .get(&n)
-            .filter(|h| h.token == token)
-            .is_some_and(|h| h.commands.send(make(reply)).is_ok());
-        if !sent {
-            return Op::ready(Ok(false));
-        }
+        let command = make(reply);
+        let releases = matches!(command, Command::Release(_));
+        let end = {
+            let held = self.held();
+            let Some(h) = held.get(&n).filter(|h| h.token == token) else {
+                return Op::ready(Ok(false));
+            };
+            if h.commands.send(command).is_err() {
+                return Op::ready(Ok(false));
+            }
+            releases.then(|| h.end.clone())
+        };
         Op::pending(async move {
-            match answer.await {
+            let answer = match answer.await {
                 Ok(r) => r.map_err(Failure::into_error),
                 // The task ended first: the lock is gone.
                 Err(_) => Ok(false),
+            };
+            if let Some(end) = end {
+                // Released (unless it had ended before): a watch of the lock settles, not lost.
+                end.send_if_modified(|e| e.is_none() && e.replace(false).is_none());
             }
+            answer
         })
     }
 
@@ -434,13 +451,50 @@ fn ms(n: u32) -> Duration {
     Duration::from_millis(u64::from(n))
 }
 
+/// A pooled connection that may hold an advisory lock. Dropped, it is closed (which ends its
+/// session and so its locks); only [`Connection::give_back`] returns it to the pool, once it
+/// holds none: a pooled session holding a lock would grant it again to the next acquire there,
+/// since a session's advisory locks are re-entrant.
+struct Connection(Option<deadpool_postgres::Object>);
+
+impl Connection {
+    fn get(&self) -> &deadpool_postgres::Object {
+        self.0
+            .as_ref()
+            .expect("a connection until it is given back or closed")
+    }
+
+    fn give_back(mut self) {
+        drop(self.0.take());
+    }
+
+    fn is_open(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Closes it now.
+    fn close(&mut self) {
+        if let Some(c) = self.0.take() {
+            drop(deadpool_postgres::Object::take(c));
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 /// One held lock's connection and lease.
 struct Session {
     n: i64,
-    client: Option<deadpool_postgres::Object>,
+    client: Connection,
     deadline: Instant,
     /// How long one statement may take before the session is given up.
     wait: Duration,
+    /// The last unlock worked: the connection holds no lock and may go back to the pool.
+    unlocked: bool,
 }
 
 /// What a statement on the held connection came to.
@@ -455,20 +509,22 @@ enum Outcome<T> {
 
 impl Session {
     fn client(&self) -> &deadpool_postgres::Object {
-        self.client.as_ref().expect("the session's connection")
+        self.client.get()
     }
 
-    /// Serves commands until the lock ends; answers whether it ended with its session.
+    /// Serves commands until the lock ends; answers whether it ended with its session, and
+    /// whether a release command ended it.
     async fn run(
         mut self,
         owner: &Advisory,
         id: u64,
         mut inbox: mpsc::UnboundedReceiver<Command>,
-    ) -> bool {
+    ) -> (bool, bool) {
         let mut ends = owner.base.ended.subscribe();
         let mut watching = true;
+        let mut released = false;
         let (lost, reply, answer) = loop {
-            if self.client().is_closed() {
+            if !self.client.is_open() || self.client().is_closed() {
                 break (true, None, Ok(false));
             }
             tokio::select! {
@@ -480,6 +536,7 @@ impl Session {
                         break (true, None, Ok(false));
                     }
                     Some(Command::Release(reply)) => {
+                        released = true;
                         let live = Instant::now() < self.deadline;
                         match self.unlock(owner).await {
                             Outcome::Answer(unlocked) => break (false, Some(reply), Ok(unlocked && live)),
@@ -536,22 +593,25 @@ impl Session {
             }
         };
         owner.forget(self.n, id);
-        if lost {
-            self.discard();
+        // Back to the pool before the answer, so the next acquire finds it free; only after
+        // an unlock that worked, else closed.
+        let Session {
+            client, unlocked, ..
+        } = self;
+        if unlocked && !lost {
+            client.give_back();
+        } else {
+            drop(client);
         }
-        // Back to the pool before the answer, so the next acquire finds it free.
-        drop(self.client.take());
         if let Some(reply) = reply {
             let _ = reply.send(answer);
         }
-        lost
+        (lost, released)
     }
 
     /// Drops the connection for good (never back to the pool), which ends its session.
     fn discard(&mut self) {
-        if let Some(c) = self.client.take() {
-            drop(deadpool_postgres::Object::take(c));
-        }
+        self.client.close();
     }
 
     /// One statement on the held connection, within `wait`.
@@ -585,7 +645,10 @@ impl Session {
 
     async fn unlock(&mut self, owner: &Advisory) -> Outcome<bool> {
         let n = self.n;
-        self.statement(owner, RELEASE, &[&n], |r| r.get(0)).await
+        let outcome = self.statement(owner, RELEASE, &[&n], |r| r.get(0)).await;
+        // Unlocked, or it was not held (then the session holds nothing either).
+        self.unlocked = matches!(outcome, Outcome::Answer(_));
+        outcome
     }
 
     /// Whether the session still holds the lock, asked on the session itself.
