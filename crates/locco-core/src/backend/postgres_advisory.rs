@@ -184,7 +184,12 @@ pub(super) struct Advisory {
     held: Mutex<HashMap<i64, Holder>>,
     next_id: AtomicU64,
     sequence_made: tokio::sync::OnceCell<()>,
+    /// A spare connection is being opened (see [`Advisory::keep_a_spare`]).
+    warming: std::sync::atomic::AtomicBool,
 }
+
+/// How many idle connections an advisory adapter keeps ready for the next acquires.
+const SPARES: usize = 2;
 
 /// The server-side answer of an acquire: granted, with a fence when fenced.
 type Grant = Option<Option<u64>>;
@@ -203,6 +208,7 @@ impl Advisory {
             held: Mutex::default(),
             next_id: AtomicU64::new(1),
             sequence_made: tokio::sync::OnceCell::new(),
+            warming: Default::default(),
         }
     }
 
@@ -346,6 +352,7 @@ impl Advisory {
                 end,
             },
         );
+        self.keep_a_spare();
         let this = self.clone();
         tokio::spawn(async move {
             let session = Session {
@@ -359,6 +366,34 @@ impl Advisory {
             if !released {
                 ended_tx.send_replace(Some(lost));
             }
+        });
+    }
+
+    /// Held locks take connections out of the pool for good, so the next acquire would often
+    /// pay for a new connection (and a short budget run out on it). When a lock takes the last
+    /// idle connection, [`SPARES`] more are opened in the background, while the pool has room.
+    /// (Only then: to open one, the pool must have none idle, or it hands out an idle one.)
+    fn keep_a_spare(self: &Arc<Self>) {
+        let status = self.base.pool.status();
+        if status.available > 0 || status.size >= status.max_size {
+            return;
+        }
+        if self.warming.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let pool = &this.base.pool;
+            let status = pool.status();
+            let want = SPARES.min(status.max_size.saturating_sub(status.size));
+            // Opened side by side, then all given back, idle.
+            let wait = Duration::from_millis(this.base.options.connect_timeout_ms);
+            let opened = futures_util::future::join_all(
+                (0..want).map(|_| tokio::time::timeout(wait, pool.get())),
+            )
+            .await;
+            drop(opened);
+            this.warming.store(false, Ordering::Release);
         });
     }
 
