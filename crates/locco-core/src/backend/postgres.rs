@@ -417,6 +417,11 @@ impl PostgresBackend {
         let mut pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
             .runtime(PoolRuntime::Tokio1);
+        if options.mode == Mode::Advisory {
+            // Held locks grow the pool to its peak; the most recently used connection (warm on
+            // both sides) serves the next acquire.
+            pool = pool.queue_mode(deadpool_postgres::QueueMode::Lifo);
+        }
         if let Some(ms) = options.statement_timeout() {
             // Only where none is in force: a timeout the operator chose (role, database, URL
             // options) wins. A SET rather than a startup option, which poolers such as
