@@ -17,7 +17,7 @@ import { ADAPTERS, sleep, until } from './support/adapters.mjs';
 import { startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
 const redis = await startRedis();
-const postgres = await startPostgres();
+const postgres = await startPostgres({ maxConnections: 300 }); // advisory adapters keep a connection per held lock
 const mongo = await startMongo();
 after(() => Promise.all([redis.dispose(), postgres.dispose(), mongo.dispose()]));
 let tables = 0;
