@@ -3,12 +3,28 @@ import type { LockAdapter } from './index.js';
 export interface PostgresAdapterOptions {
   /** postgres://user:password@host:port/db; sslmode=require encrypts, verify-full also checks the certificate. */
   url: string;
-  /** Plain or schema-qualified identifier. Default 'locco_locks'. */
+  /**
+   * Plain or schema-qualified identifier. Default 'locco_locks'. In advisory mode it names
+   * the fence sequence `<tableName>_fence` and the lock space string keys are hashed in.
+   */
   tableName?: string;
-  /** Create the table and the fence sequence on first use. Default true. */
+  /**
+   * Create the table and the fence sequence on first use. Default true. In advisory mode:
+   * create the fence sequence on the first fenced acquire (no table is made).
+   */
   createTable?: boolean;
-  /** Connections in the pool. Default 10. */
+  /** Connections in the pool. Default 10. In advisory mode each held lock keeps one. */
   poolSize?: number;
+  /**
+   * 'table' (default): one row per key. 'advisory': a session-level `pg_try_advisory_lock`
+   * on a connection held for the lock's life; lost at once when that connection drops.
+   */
+  mode?: 'table' | 'advisory';
+  /**
+   * Advisory mode only. 'hash' (default): SHA-256 of `<tableName>:<key>`, first 8 bytes as a
+   * signed 64-bit integer. 'integer': the key is a decimal signed 64-bit integer, used as is.
+   */
+  keys?: 'hash' | 'integer';
   /** Ms to establish a connection. Default 5000. */
   connectTimeout?: number;
   /** PEM certificate(s) to trust for TLS. */
@@ -16,7 +32,8 @@ export interface PostgresAdapterOptions {
 }
 
 /**
- * Locks in a PostgreSQL table; the engine owns the pool.
+ * Locks in a PostgreSQL table, or advisory locks held by sessions (mode: 'advisory'); the
+ * engine owns the pool.
  *
  * @example
  * ```ts
@@ -34,7 +51,7 @@ export declare class PostgresAdapter implements LockAdapter, AsyncDisposable {
   extend(input: { key: string; token: string; ttl: number }): Promise<boolean>;
   isHeld(input: { key: string; token: string }): Promise<boolean>;
   acquireFenced(input: { key: string; token: string; ttl: number }): Promise<number | null>;
-  /** Deletes expired rows; answers how many. */
+  /** Deletes expired rows; answers how many (always 0 in advisory mode). */
   sweepExpired(): Promise<number>;
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;

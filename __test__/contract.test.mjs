@@ -40,6 +40,7 @@ runLockAdapterContract('PostgresAdapter', () => {
   const adapter = new PostgresAdapter({ url: postgres.url, poolSize: 4 });
   return { adapter, cleanup: () => adapter.close() };
 });
+runLockAdapterContract('PostgresAdapter (advisory)', () => { const adapter = new PostgresAdapter({ url: postgres.url, mode: 'advisory', poolSize: 8 }); return { adapter, cleanup: () => adapter.close() }; });
 runLockAdapterContract(`MongoAdapter (${mongo.name})`, () => {
   const adapter = new MongoAdapter({ url: mongo.url, dbName: 'contract' });
   return { adapter, cleanup: () => adapter.close() };

@@ -19,7 +19,7 @@ import { EtcdAdapter } from 'locco-rs/etcd';
 import { startEtcd } from './support/servers.mjs';
 
 const redis = await startRedis();
-const postgres = await startPostgres();
+const postgres = await startPostgres({ maxConnections: 300 }); // advisory adapters keep a connection per held lock
 const mongo = await startMongo();
 after(() => Promise.all([redis.dispose(), postgres.dispose(), mongo.dispose()]));
 const redlockServers = await Promise.all([1, 2, 3].map(() => startRedis()));
@@ -40,6 +40,7 @@ const ALL = [
   ['RedlockAdapter (3 servers)', () => (redlockServers.forEach((s) => s.cli('FLUSHALL')), new RedlockAdapter({ urls: redlockServers.map((s) => s.url) })), { fencing: false }],
   // A table of its own per test, so keys left held by one test do not meet the next.
   ['PostgresAdapter', () => new PostgresAdapter({ url: postgres.url, tableName: `locks_${++tables}`, poolSize: 4 })],
+  ['PostgresAdapter (advisory)', () => new PostgresAdapter({ url: postgres.url, mode: 'advisory', tableName: `adv_${++tables}`, poolSize: 8 })],
   ['MongoAdapter', () => new MongoAdapter({ url: mongo.url, dbName: 'locker_tests', collectionName: `locks_${++tables}` })],
   // A prefix of its own per test, like the tables above.
   ['EtcdAdapter', () => new EtcdAdapter({ endpoints: [etcd.endpoint], prefix: `locker/${++tables}/` })],

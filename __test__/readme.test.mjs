@@ -61,6 +61,7 @@ const plans = {
   'Redis and Valkey #1': { env: ['REDIS_URL'] },
   'Redlock (several independent Redis servers) #1': { stdout: /^servers: 3 function$/m },
   'PostgreSQL #1': { env: ['DATABASE_URL'] },
+  'PostgreSQL advisory locks #1': { env: ['DATABASE_URL'] },
   'MongoDB #1': { env: ['MONGO_URL'] },
   'etcd #1': { env: ['ETCD_ENDPOINTS'] },
   'MutexManager #1': {

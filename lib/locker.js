@@ -194,16 +194,17 @@ class Lock {
     if (this._controller === undefined) {
       const controller = new AbortController();
       this._controller = controller;
+      const abort = (why, cause) => {
+        lossHandlers.delete(this._id);
+        if (!controller.signal.aborted) controller.abort(lostError(this.key, why, cause));
+      };
+      // Listening first: each read below runs the engine's pending work, which may lose the
+      // lock (a backend reporting its session gone) between the reads.
+      lossHandlers.set(this._id, abort);
       const reason = this.lostReason;
-      if (reason !== undefined) {
-        controller.abort(lostError(this.key, reason, native.lockLostCause(this._id)));
-      } else if (this.state === 'held') {
-        lossHandlers.set(this._id, (why, cause) => {
-          lossHandlers.delete(this._id);
-          controller.abort(lostError(this.key, why, cause));
-        });
-        native.lockWatch(this._id);
-      }
+      if (reason !== undefined) abort(reason, native.lockLostCause(this._id));
+      else if (this.state === 'held') native.lockWatch(this._id);
+      else lossHandlers.delete(this._id);
     }
     // A loss the engine reported during an earlier getter is queued (see native.js `later`):
     // deliver it now, so the signal agrees with `state`.

@@ -7,18 +7,23 @@ const { refuseUnknown } = require('./options.js');
 const { checkUrl } = require('./url.js');
 
 /**
- * Locks in a PostgreSQL table. The engine owns the connection pool: pass a URL, not a client.
+ * Locks in a PostgreSQL table, or (mode: 'advisory') session-level advisory locks, one pooled
+ * connection per held lock. The engine owns the connection pool: pass a URL, not a client.
  */
 class PostgresAdapter extends NativeAdapter {
   /**
    * @param {{ url: string, tableName?: string, createTable?: boolean, poolSize?: number,
-   *   connectTimeout?: number, tls?: { ca?: string | Buffer } }} options
+   *   connectTimeout?: number, tls?: { ca?: string | Buffer }, mode?: 'table' | 'advisory',
+   *   keys?: 'hash' | 'integer' }} options
    */
   constructor(options) {
     super();
     if (options === null || typeof options !== 'object') throw validation('options', 'must be an object with a url');
-    refuseUnknown('', options, ['url', 'tableName', 'createTable', 'poolSize', 'connectTimeout', 'tls']);
-    const { url, tableName, createTable, poolSize, connectTimeout, tls } = options;
+    refuseUnknown('', options, ['url', 'tableName', 'createTable', 'poolSize', 'connectTimeout', 'tls', 'mode', 'keys']);
+    const { url, tableName, createTable, poolSize, connectTimeout, tls, mode, keys } = options;
+    if (mode !== undefined && mode !== 'table' && mode !== 'advisory') throw validation('mode', "must be 'table' or 'advisory'");
+    if (keys !== undefined && keys !== 'hash' && keys !== 'integer') throw validation('keys', "must be 'hash' or 'integer'");
+    if (keys !== undefined && mode !== 'advisory') throw validation('keys', "applies only to mode: 'advisory'");
     if (tls !== undefined && (tls === null || typeof tls !== 'object')) throw validation('tls', 'must be an object { ca? }');
     if (tls !== undefined) refuseUnknown('tls', tls, ['ca']);
     if (typeof url !== 'string') throw validation('url', 'is required: postgres://user:password@host:port/db');
@@ -30,7 +35,7 @@ class PostgresAdapter extends NativeAdapter {
       if (v !== undefined && typeof v !== 'number') throw validation(field, 'must be a number');
     }
     const ca = tls && tls.ca !== undefined ? String(tls.ca) : undefined;
-    const id = answer(native.createPostgresAdapter({ url, tableName, createTable, poolSize, connectTimeout, tlsCa: ca }));
+    const id = answer(native.createPostgresAdapter({ url, tableName, createTable, poolSize, connectTimeout, tlsCa: ca, mode, keys }));
     bindNative(this, id);
   }
 

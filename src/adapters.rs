@@ -165,6 +165,10 @@ pub struct PostgresSpec {
     pub pool_size: Option<f64>,
     pub connect_timeout: Option<f64>,
     pub tls_ca: Option<String>,
+    /// 'table' (unset) or 'advisory'.
+    pub mode: Option<String>,
+    /// Advisory mode: 'hash' (unset) or 'integer'.
+    pub keys: Option<String>,
 }
 
 /// A PostgreSQL adapter; checks its options now and connects on first use.
@@ -185,11 +189,47 @@ pub fn create_postgres_adapter(spec: PostgresSpec) -> Raw {
             options.connect_timeout_ms = ms;
         }
         options.tls_ca = spec.tls_ca.map(String::into_bytes);
+        (options.mode, options.keys) = postgres_mode(spec.mode, spec.keys)?;
         let backend = PostgresBackend::new(options)?;
         Ok(register(Adapter::Postgres(Rc::new(LocalWakeups::new(
             backend,
         )))))
     })())
+}
+
+fn postgres_mode(
+    mode: Option<String>,
+    keys: Option<String>,
+) -> Result<(locco_core::postgres::Mode, locco_core::postgres::Keys), Error> {
+    use locco_core::postgres::{Keys, Mode};
+    let mode = match mode.as_deref() {
+        None | Some("table") => Mode::Table,
+        Some("advisory") => Mode::Advisory,
+        Some(m) => {
+            return Err(Error::validation(
+                "mode",
+                format!("must be 'table' or 'advisory', got {m:?}"),
+            ))
+        }
+    };
+    let keys = match (keys.as_deref(), mode) {
+        (None, _) => Keys::Hash,
+        (Some(_), Mode::Table) => {
+            return Err(Error::validation(
+                "keys",
+                "applies only to mode: 'advisory'",
+            ))
+        }
+        (Some("hash"), _) => Keys::Hash,
+        (Some("integer"), _) => Keys::Integer,
+        (Some(k), _) => {
+            return Err(Error::validation(
+                "keys",
+                format!("must be 'hash' or 'integer', got {k:?}"),
+            ))
+        }
+    };
+    Ok((mode, keys))
 }
 
 /// Deletes expired rows; answers how many.

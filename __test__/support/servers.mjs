@@ -121,7 +121,7 @@ export function pgBin() {
  * Starts PostgreSQL: initdb as the postgres user into a temp dir, a free port, password auth
  * over TCP (superuser postgres, password `postgres-pw`). `ssl`: { cert, key } file contents.
  */
-export async function startPostgres({ ssl } = {}) {
+export async function startPostgres({ ssl, maxConnections } = {}) {
   const bin = pgBin();
   const port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), 'locco-pg-'));
@@ -131,6 +131,7 @@ export async function startPostgres({ ssl } = {}) {
   execFileSync('chown', ['-R', 'postgres:postgres', dir]);
   asPg(`${bin}/initdb -D ${data} -U postgres --pwfile=${dir}/pw --auth-host=scram-sha-256 --auth-local=trust -E UTF8 >/dev/null`);
   let options = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off`;
+  if (maxConnections) options += ` -c max_connections=${maxConnections}`;
   if (ssl) {
     writeFileSync(join(data, 'server.crt'), ssl.cert);
     writeFileSync(join(data, 'server.key'), ssl.key, { mode: 0o600 });

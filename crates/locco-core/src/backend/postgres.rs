@@ -21,9 +21,12 @@ use deadpool_postgres::{
 use tokio_postgres::error::SqlState;
 
 use crate::backend::io::{self, redact, Failure, OnAbandon};
+#[path = "postgres_advisory.rs"]
+mod advisory;
 use crate::backend::postgres_queue::{waiters_ddl, Connect, FairStatements, Pushes};
 use crate::backend::{Backend, Op, Queue, Queued, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
+pub use advisory::{advisory_key, Keys, Mode};
 
 /// The longest identifier PostgreSQL keeps.
 const MAX_IDENTIFIER_BYTES: usize = 63;
@@ -53,6 +56,10 @@ pub struct PostgresOptions {
     /// `Some(0)`: leave the server's setting. Either way a `statement_timeout` already in
     /// force (from the URL's `options`, the role, the database or the server) is kept.
     pub statement_timeout_ms: Option<u64>,
+    /// Rows in a table (the default), or session-level advisory locks.
+    pub mode: Mode,
+    /// How an advisory lock's key becomes its 64-bit number (advisory mode only).
+    pub keys: Keys,
 }
 
 impl PostgresOptions {
@@ -65,6 +72,8 @@ impl PostgresOptions {
             connect_timeout_ms: 5000,
             tls_ca: None,
             statement_timeout_ms: None,
+            mode: Mode::Table,
+            keys: Keys::Hash,
         }
     }
 
@@ -229,12 +238,17 @@ struct Inner {
     sequence_ready: tokio::sync::OnceCell<()>,
     closed: std::sync::atomic::AtomicBool,
     pushes: Pushes,
+    /// Counts the pooled connections that ended, so an advisory lock's holder learns at once
+    /// that its session is gone.
+    ended: tokio::sync::watch::Sender<u64>,
 }
 
 /// Locks in a PostgreSQL table.
 #[derive(Clone)]
 pub struct PostgresBackend {
     inner: Arc<Inner>,
+    /// In advisory mode: the sessions that hold locks.
+    advisory: Option<Arc<advisory::Advisory>>,
 }
 
 /// `sslmode` from a URL; tokio-postgres reads only disable/prefer/require, so the verifying
@@ -376,9 +390,14 @@ impl PostgresBackend {
                 ))
             }
         };
+        let (ended, _) = tokio::sync::watch::channel(0u64);
         let (manager, tls) = match verify {
             None if options.tls_ca.is_none() => (
-                Manager::from_config(config.clone(), tokio_postgres::NoTls, manager_config),
+                Manager::from_connect(
+                    config.clone(),
+                    advisory::Watched::new(tokio_postgres::NoTls, ended.clone()),
+                    manager_config,
+                ),
                 None,
             ),
             _ => {
@@ -386,7 +405,11 @@ impl PostgresBackend {
                 let tls = tls_config(verify.unwrap_or(true), options.tls_ca.as_deref())?;
                 let connector = tokio_postgres_rustls::MakeRustlsConnect::new(tls);
                 (
-                    Manager::from_config(config.clone(), connector.clone(), manager_config),
+                    Manager::from_connect(
+                        config.clone(),
+                        advisory::Watched::new(connector.clone(), ended.clone()),
+                        manager_config,
+                    ),
                     Some(connector),
                 )
             }
@@ -394,6 +417,11 @@ impl PostgresBackend {
         let mut pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
             .runtime(PoolRuntime::Tokio1);
+        if options.mode == Mode::Advisory {
+            // Held locks grow the pool to its peak; the most recently used connection (warm on
+            // both sides) serves the next acquire.
+            pool = pool.queue_mode(deadpool_postgres::QueueMode::Lifo);
+        }
         if let Some(ms) = options.statement_timeout() {
             // Only where none is in force: a timeout the operator chose (role, database, URL
             // options) wins. A SET rather than a startup option, which poolers such as
@@ -418,20 +446,25 @@ impl PostgresBackend {
             config,
             tls: tls.clone(),
         });
-        Ok(PostgresBackend {
-            inner: Arc::new(Inner {
-                options,
-                names,
-                sql,
-                pool,
-                tls,
-                secrets,
-                table_ready: tokio::sync::OnceCell::new(),
-                sequence_ready: tokio::sync::OnceCell::new(),
-                closed: Default::default(),
-                pushes,
-            }),
-        })
+        let mode = options.mode;
+        let inner = Arc::new(Inner {
+            options,
+            names,
+            sql,
+            pool,
+            tls,
+            secrets,
+            table_ready: tokio::sync::OnceCell::new(),
+            sequence_ready: tokio::sync::OnceCell::new(),
+            closed: Default::default(),
+            pushes,
+            ended,
+        });
+        let advisory = match mode {
+            Mode::Table => None,
+            Mode::Advisory => Some(Arc::new(advisory::Advisory::new(inner.clone()))),
+        };
+        Ok(PostgresBackend { inner, advisory })
     }
 
     /// Closes the pool; operations afterwards fail.
@@ -441,10 +474,17 @@ impl PostgresBackend {
             .store(true, std::sync::atomic::Ordering::Release);
         self.inner.pool.close();
         self.inner.pushes.close();
+        if let Some(a) = &self.advisory {
+            a.close();
+        }
     }
 
     /// Deletes expired rows; answers how many.
     pub fn sweep_expired(&self) -> Op<u64> {
+        if self.advisory.is_some() {
+            // No rows: a lock ends with its session or its lease.
+            return Op::ready(Ok(0));
+        }
         self.run(|inner, abandon| async move {
             let client = inner.client(&abandon).await?;
             let fair = inner.ready(&client).await?;
@@ -810,6 +850,9 @@ impl Backend for PostgresBackend {
     }
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        if let Some(a) = &self.advisory {
+            return a.acquire(key, token, ttl);
+        }
         let p = params(key, token, Some(ttl));
         self.key_op(
             p,
@@ -820,6 +863,9 @@ impl Backend for PostgresBackend {
     }
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
+        if let Some(a) = &self.advisory {
+            return a.release(key, token);
+        }
         let live = |rows: Rows, _| rows.first().is_some_and(|r| r.get::<_, bool>(0));
         let p = params(key, token, None);
         self.key_op(
@@ -831,6 +877,9 @@ impl Backend for PostgresBackend {
     }
 
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        if let Some(a) = &self.advisory {
+            return a.extend(key, token, ttl);
+        }
         self.key_op(
             params(key, token, Some(ttl)),
             |s, _| Some((&s.extend, 3)),
@@ -840,6 +889,9 @@ impl Backend for PostgresBackend {
     }
 
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
+        if let Some(a) = &self.advisory {
+            return a.is_held(key, token);
+        }
         self.key_op(
             params(key, token, None),
             |s, _| Some((&s.is_held, 2)),
@@ -855,6 +907,9 @@ impl Backend for PostgresBackend {
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
         if let Err(why) = &self.inner.names.fence_ok {
             return Op::ready(Err(Error::validation("tableName", why.clone())));
+        }
+        if let Some(a) = &self.advisory {
+            return a.acquire_fenced(key, token, ttl);
         }
         let fence = |rows: Rows, _| rows.first().map(|r| r.get::<_, i64>(0) as u64);
         let p = params(key, token, Some(ttl));
@@ -873,7 +928,14 @@ impl Backend for PostgresBackend {
     }
 
     fn queue(&self) -> Option<&dyn Queue> {
-        Some(self)
+        // Advisory locks keep no queue: their waiters poll.
+        self.advisory.is_none().then_some(self as &dyn Queue)
+    }
+
+    fn watch_lost(&self, key: &str, token: &str) -> Option<Op<()>> {
+        self.advisory
+            .as_ref()
+            .and_then(|a| a.watch_lost(key, token))
     }
 }
 
