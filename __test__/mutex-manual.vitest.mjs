@@ -233,7 +233,10 @@ describe('redis: { urls } with several independent servers', () => {
     const m = new MutexManager({ redis: { urls: servers.map((s) => s.url) } });
     const holders = await m.runOperation('quorum', () => servers.map((s) => s.cli('EXISTS', 'uniquemutex:quorum')));
     expect(holders).toEqual(['1', '1', '1']);
-    expect(servers.map((s) => s.cli('EXISTS', 'uniquemutex:quorum'))).toEqual(['0', '0', '0']);
+    // A release answers once a majority let go; the last server hears of it a moment later.
+    const gone = () => servers.filter((s) => s.cli('EXISTS', 'uniquemutex:quorum') === '0').length;
+    expect(gone()).toBeGreaterThanOrEqual(2);
+    await until(() => gone() === 3);
     await m.dispose();
   });
 });
