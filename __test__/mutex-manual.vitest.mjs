@@ -198,7 +198,9 @@ describe('FIFO across managers in Redis mode', () => {
   });
 
   it('serves requests from several managers on one id in request order', async () => {
-    const adapters = Array.from({ length: 4 }, () => new RedisAdapter({ url: redis.url }));
+    // One pending request per manager (a manager's later requests wait in its own queue and
+    // join the shared one when the earlier request ends: see the README).
+    const adapters = Array.from({ length: 8 }, () => new RedisAdapter({ url: redis.url }));
     const managers = adapters.map((adapter) => new MutexManager({ adapter }));
     const order = [];
     const first = gate();
@@ -206,16 +208,15 @@ describe('FIFO across managers in Redis mode', () => {
     await sleep(20);
     const requests = [];
     const queued = () => Number(redis.cli('LLEN', 'uniquemutex:shared:locco-q'));
-    for (let i = 1; i <= 16; i++) {
-      requests.push(managers[i % 4].runOperation('shared', () => order.push(i)));
-      // The first request of each other manager reaches the server's queue before the next
-      // is made; the later ones wait in their manager's own queue, in the order they came.
-      if (i < 4) await until(() => queued() === i);
+    for (let i = 1; i < 8; i++) {
+      requests.push(managers[i].runOperation('shared', () => order.push(i)));
+      // Each request has its place in the server's queue before the next one is made.
+      await until(() => queued() === i);
     }
     first.open();
     await holder;
     await Promise.all(requests);
-    expect(order).toEqual(Array.from({ length: 16 }, (_, i) => i + 1));
+    expect(order).toEqual([1, 2, 3, 4, 5, 6, 7]);
     await Promise.all(adapters.map((a) => a.close()));
   });
 });
