@@ -47,4 +47,12 @@ function refuseUnknown(prefix, options, known) {
   }
 }
 
-module.exports = { refuseUnknown, closest };
+/** The PEM text of a `tls: { ca? }` option (a string or a Buffer), or undefined. */
+function tlsCa(tls) {
+  if (tls === undefined) return undefined;
+  if (tls === null || typeof tls !== 'object') throw validation('tls', 'must be an object { ca? }');
+  refuseUnknown('tls', tls, ['ca']);
+  return tls.ca !== undefined ? String(tls.ca) : undefined;
+}
+
+module.exports = { refuseUnknown, closest, tlsCa };

@@ -3,7 +3,7 @@
 const { native, answer, nextOpId } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
-const { refuseUnknown } = require('./options.js');
+const { refuseUnknown, tlsCa } = require('./options.js');
 const { checkUrl } = require('./url.js');
 
 /**
@@ -24,8 +24,6 @@ class PostgresAdapter extends NativeAdapter {
     if (mode !== undefined && mode !== 'table' && mode !== 'advisory') throw validation('mode', "must be 'table' or 'advisory'");
     if (keys !== undefined && keys !== 'hash' && keys !== 'integer') throw validation('keys', "must be 'hash' or 'integer'");
     if (keys !== undefined && mode !== 'advisory') throw validation('keys', "applies only to mode: 'advisory'");
-    if (tls !== undefined && (tls === null || typeof tls !== 'object')) throw validation('tls', 'must be an object { ca? }');
-    if (tls !== undefined) refuseUnknown('tls', tls, ['ca']);
     if (typeof url !== 'string') throw validation('url', 'is required: postgres://user:password@host:port/db');
     // The key=value form (host=… port=…) is left to the driver.
     if (url.includes('://')) checkUrl('url', url, { schemes: ['postgres', 'postgresql'], manyHosts: true });
@@ -34,7 +32,7 @@ class PostgresAdapter extends NativeAdapter {
     for (const [field, v] of [['poolSize', poolSize], ['connectTimeout', connectTimeout]]) {
       if (v !== undefined && typeof v !== 'number') throw validation(field, 'must be a number');
     }
-    const ca = tls && tls.ca !== undefined ? String(tls.ca) : undefined;
+    const ca = tlsCa(tls);
     const id = answer(native.createPostgresAdapter({ url, tableName, createTable, poolSize, connectTimeout, tlsCa: ca, mode, keys }));
     bindNative(this, id);
   }

@@ -3,7 +3,7 @@
 const { native, answer, nextOpId } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
-const { refuseUnknown } = require('./options.js');
+const { refuseUnknown, tlsCa } = require('./options.js');
 const { checkUrl } = require('./url.js');
 
 const REDIS_URL = { schemes: ['redis', 'rediss'] };
@@ -46,9 +46,7 @@ class RedisAdapter extends NativeAdapter {
       throw validation('waitForReplicas', 'must be an object { replicas, timeout }');
     }
     if (waitForReplicas !== undefined) refuseUnknown('waitForReplicas', waitForReplicas, ['replicas', 'timeout']);
-    if (tls !== undefined && (tls === null || typeof tls !== 'object')) throw validation('tls', 'must be an object { ca? }');
-    if (tls !== undefined) refuseUnknown('tls', tls, ['ca']);
-    const ca = tls && tls.ca !== undefined ? String(tls.ca) : undefined;
+    const ca = tlsCa(tls);
     const id = answer(
       native.createRedisAdapter({
         urls: list,

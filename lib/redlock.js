@@ -3,7 +3,7 @@
 const { native, answer, nextOpId } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
-const { refuseUnknown } = require('./options.js');
+const { refuseUnknown, tlsCa } = require('./options.js');
 const { checkUrl } = require('./url.js');
 
 const REDIS_URL = { schemes: ['redis', 'rediss'] };
@@ -35,9 +35,7 @@ class RedlockAdapter extends NativeAdapter {
       throw validation('urls', `Redlock needs at least 3 independent Redis servers (an odd number such as 3 or 5 is best), got ${urls.length}`);
     }
     urls.forEach((u, i) => checkUrl(`urls[${i}]`, u, REDIS_URL));
-    if (tls !== undefined && (tls === null || typeof tls !== 'object')) throw validation('tls', 'must be an object { ca? }');
-    if (tls !== undefined) refuseUnknown('tls', tls, ['ca']);
-    const ca = tls && tls.ca !== undefined ? String(tls.ca) : undefined;
+    const ca = tlsCa(tls);
     const id = answer(
       native.createRedlockAdapter({
         urls: [...urls],

@@ -4,7 +4,12 @@
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
-#[cfg(any(feature = "redis", feature = "postgres", feature = "mongo", feature = "etcd"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "mongo",
+    feature = "etcd"
+))]
 pub(crate) mod io;
 pub(crate) mod memory;
 #[cfg(feature = "mongo")]

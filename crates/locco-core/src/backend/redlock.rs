@@ -317,7 +317,8 @@ impl RedlockBackend {
             let (gate, deadline) = (self.gate.clone(), self.deadline(self.server_timeout_ms));
             let n = ops.len();
             async move {
-                let mut slots: Vec<Option<Op<Option<String>>>> = ops.into_iter().map(Some).collect();
+                let mut slots: Vec<Option<Op<Option<String>>>> =
+                    ops.into_iter().map(Some).collect();
                 let mut answers: Vec<Result<Option<String>>> = (0..n).map(|_| Ok(None)).collect();
                 let mut deadline = deadline;
                 std::future::poll_fn(|cx| {
@@ -492,12 +493,7 @@ impl RedlockBackend {
     }
 
     /// A ballot's answer: a non-backend error of any server (a bad key) first, then the verdict.
-    fn decide(
-        &self,
-        what: &str,
-        ballot: &Ballot<bool>,
-        words: (&str, &str),
-    ) -> Result<Verdict> {
+    fn decide(&self, what: &str, ballot: &Ballot<bool>, words: (&str, &str)) -> Result<Verdict> {
         for a in ballot.answers.iter().flatten() {
             if let Err(e @ (Error::Validation { .. } | Error::Internal(_))) = a {
                 return Err(e.clone());
@@ -587,7 +583,14 @@ impl Backend for RedlockBackend {
     }
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
-        self.leased("acquire", key, token, ttl, |s, k, t, px| s.acquire(k, t, px), true)
+        self.leased(
+            "acquire",
+            key,
+            token,
+            ttl,
+            |s, k, t, px| s.acquire(k, t, px),
+            true,
+        )
     }
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
@@ -601,7 +604,14 @@ impl Backend for RedlockBackend {
     }
 
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
-        self.leased("extend", key, token, ttl, |s, k, t, px| s.extend(k, t, px), false)
+        self.leased(
+            "extend",
+            key,
+            token,
+            ttl,
+            |s, k, t, px| s.extend(k, t, px),
+            false,
+        )
     }
 
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
@@ -729,18 +739,27 @@ mod tests {
 
     #[test]
     fn labels_carry_no_password() {
-        assert_eq!(label_of("redis://u:secret@10.0.0.1:6379/0"), "10.0.0.1:6379");
+        assert_eq!(
+            label_of("redis://u:secret@10.0.0.1:6379/0"),
+            "10.0.0.1:6379"
+        );
         assert_eq!(label_of("rediss://h:7000"), "h:7000");
     }
 
     #[test]
     fn too_few_or_repeated_servers_are_refused() {
-        let err = |urls: &[&str]| match RedlockBackend::new(RedlockOptions::new(urls.iter().copied())) {
-            Err(Error::Validation { field, .. }) => field,
-            _ => panic!("accepted {urls:?}"),
-        };
+        let err =
+            |urls: &[&str]| match RedlockBackend::new(RedlockOptions::new(urls.iter().copied())) {
+                Err(Error::Validation { field, .. }) => field,
+                _ => panic!("accepted {urls:?}"),
+            };
         assert_eq!(err(&["redis://a:1", "redis://b:1"]), "urls");
         assert_eq!(err(&["redis://a:1", "redis://b:1", "redis://a:1"]), "urls");
-        assert!(RedlockBackend::new(RedlockOptions::new(["redis://a:1", "redis://b:1", "redis://c:1"])).is_ok());
+        assert!(RedlockBackend::new(RedlockOptions::new([
+            "redis://a:1",
+            "redis://b:1",
+            "redis://c:1"
+        ]))
+        .is_ok());
     }
 }
