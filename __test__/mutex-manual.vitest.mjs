@@ -198,8 +198,6 @@ describe('FIFO across managers in Redis mode', () => {
   });
 
   it('serves requests from several managers on one id in request order', async () => {
-    // One pending request per manager (a manager's later requests wait in its own queue and
-    // join the shared one when the earlier request ends: see the README).
     const adapters = Array.from({ length: 8 }, () => new RedisAdapter({ url: redis.url }));
     const managers = adapters.map((adapter) => new MutexManager({ adapter }));
     const order = [];
@@ -218,6 +216,46 @@ describe('FIFO across managers in Redis mode', () => {
     await Promise.all(requests);
     expect(order).toEqual([1, 2, 3, 4, 5, 6, 7]);
     await Promise.all(adapters.map((a) => a.close()));
+  });
+
+  it('keeps request order when each manager has several requests pending', async () => {
+    // The report's shape: request i comes from manager i % 4, so every manager has many
+    // requests waiting at once.
+    const adapters = Array.from({ length: 4 }, () => new RedisAdapter({ url: redis.url }));
+    const managers = adapters.map((adapter) => new MutexManager({ adapter }));
+    const order = [];
+    const first = gate();
+    const holder = managers[0].runOperation('many', () => first.opened);
+    await sleep(20);
+    const requests = [];
+    const queued = () => Number(redis.cli('LLEN', 'uniquemutex:many:locco-q'));
+    for (let i = 1; i < 24; i++) {
+      requests.push(managers[i % 4].runOperation('many', () => order.push(i)));
+      await until(() => queued() === i);
+    }
+    first.open();
+    await holder;
+    await Promise.all(requests);
+    expect(order).toEqual(Array.from({ length: 23 }, (_, i) => i + 1));
+    await Promise.all(adapters.map((a) => a.close()));
+  });
+
+  it('gives a nested request (its chain holds another mutex) its place in the same queue', async () => {
+    const adapters = Array.from({ length: 3 }, () => new RedisAdapter({ url: redis.url }));
+    const [a, b, c] = adapters.map((adapter) => new MutexManager({ adapter }));
+    const order = [];
+    const first = gate();
+    const holder = a.runOperation('nested', () => first.opened);
+    await sleep(20);
+    const queued = () => Number(redis.cli('LLEN', 'uniquemutex:nested:locco-q'));
+    const nested = b.runOperation('outer', () => b.runOperation('nested', () => order.push('nested')));
+    await until(() => queued() === 1);
+    const plain = c.runOperation('nested', () => order.push('plain'));
+    await until(() => queued() === 2);
+    first.open();
+    await Promise.all([holder, nested, plain]);
+    expect(order).toEqual(['nested', 'plain']);
+    await Promise.all(adapters.map((x) => x.close()));
   });
 });
 

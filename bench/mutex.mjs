@@ -1,10 +1,10 @@
 // MutexManager: local runOperation on one id against async-mutex's runExclusive, same process,
-// same run, median of 3. Sequential: 100,000 operations. Contended: 8 contenders until 10,000.
+// same run, median of 3. Sequential: 100,000 operations. Contended: 8 contenders until 100,000.
 import { Mutex } from 'async-mutex';
 import { MutexManager } from '../mutex.mjs';
 
 const SEQ = 100_000;
-const CONTENDED = 10_000;
+const CONTENDED = 100_000;
 const WORKERS = 8;
 const RUNS = 3;
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
