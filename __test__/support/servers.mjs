@@ -64,6 +64,10 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
   const server = {
     port: tlsPort ?? port,
     url: `redis://127.0.0.1:${port}`,
+    /** The server's process id (for CPU readings in benchmarks). */
+    get pid() {
+      return child.pid;
+    },
     async stop() {
       if (child && child.exitCode === null && child.signalCode === null) {
         const exited = new Promise((r) => child.once('exit', r));
@@ -223,6 +227,7 @@ export async function startMongo() {
   return {
     url: `mongodb://127.0.0.1:${port}/?directConnection=true`,
     name: 'secantusd-rs',
+    pid: child.pid,
     async dispose() {
       if (child.exitCode === null) {
         const exited = new Promise((r) => child.once('exit', r));

@@ -26,7 +26,7 @@ pub use backend::redlock;
 pub use backend::memory::MemoryBackend;
 pub use backend::queue::WakeBoard;
 pub use backend::waiters::{LocalWaiters, LocalWakeups};
-pub use backend::{Backend, Coordination, Op, Queue, Queued, Waiter};
+pub use backend::{extend_each, Backend, Coordination, Op, Queue, Queued, Renewal, Waiter};
 pub use engine::clock::{
     monotonic_ms, Clock, LeaseClock, MonotonicClock, SystemSource, TimeSource,
 };

@@ -96,6 +96,14 @@ pub trait Backend {
     /// Gives `key` a new lease of `ttl` ms from now when it carries `token` and is live.
     /// Never re-creates an expired key.
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool>;
+    /// [`Backend::extend`] for many locks at once (the heartbeats that fell due together), in as
+    /// few operations as the backend allows. Answers one outcome per renewal, in order, each
+    /// what `extend` would have answered for it: a key lost among many renewed ones is `false`
+    /// for that renewal only, and so is an `Err` of one renewal. A failure of the whole
+    /// operation is its `Err`. The default sends one `extend` per renewal, all at once.
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<Result<bool>>> {
+        extend_each(self, renewals)
+    }
     /// Whether `key` carries `token` and a live lease.
     fn is_held(&self, key: &str, token: &str) -> Op<bool>;
     /// Whether [`Backend::acquire_fenced`] is implemented.
@@ -141,6 +149,37 @@ pub trait Backend {
     fn queue(&self) -> Option<&dyn Queue> {
         None
     }
+}
+
+/// One lock to renew in [`Backend::extend_many`].
+#[derive(Debug, Clone, Copy)]
+pub struct Renewal<'a> {
+    pub key: &'a str,
+    pub token: &'a str,
+    pub ttl: u32,
+}
+
+/// The default [`Backend::extend_many`]: one `extend` per renewal, sent together. Answers at
+/// once when every one of them did (the in-memory backend).
+pub fn extend_each<B: Backend + ?Sized>(
+    backend: &B,
+    renewals: &[Renewal<'_>],
+) -> Op<Vec<Result<bool>>> {
+    let mut ops: Vec<Op<bool>> = renewals
+        .iter()
+        .map(|r| backend.extend(r.key, r.token, r.ttl))
+        .collect();
+    if ops.iter().all(|op| matches!(op, Op::Ready(_))) {
+        let answers = ops
+            .iter_mut()
+            .map(|op| match op {
+                Op::Ready(v) => v.take().expect("a ready answer is read once"),
+                Op::Pending(..) => unreachable!("checked above"),
+            })
+            .collect();
+        return Op::ready(Ok(answers));
+    }
+    Op::pending(async move { Ok(futures_util::future::join_all(ops).await) })
 }
 
 /// A queued waiter for one key (see [`Backend::waiter`]). Dropping it leaves the queue.

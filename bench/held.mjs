@@ -1,0 +1,88 @@
+// Many locks held at once with autoExtend: how much they cost while nobody contends.
+//   node bench/held.mjs [redis|postgres|mongo|memory] [count] [ttlMs] [holdSeconds]
+// Defaults: redis, 1,000,000 locks, ttl 30 s (renewed every ttl/3), held 60 s. Reports the
+// acquire time, Node's CPU (share of one core) and the server's during the hold, RSS, bytes
+// per lock, and how many locks were lost (it must be 0).
+import { readFileSync } from 'node:fs';
+import { Locker } from '../index.mjs';
+import { InMemoryAdapter } from '../memory.mjs';
+import { startMongo, startPostgres, startRedis } from '../__test__/support/servers.mjs';
+
+const [backend = 'redis', countArg, ttlArg, secondsArg] = process.argv.slice(2);
+const COUNT = Number(countArg ?? 1_000_000);
+const TTL = Number(ttlArg ?? 30_000);
+const HOLD_S = Number(secondsArg ?? 60);
+const IN_FLIGHT = 4_096;
+
+/** CPU seconds a process has used (utime + stime), read from /proc. */
+function cpuSeconds(pid) {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return (Number(fields[11]) + Number(fields[12])) / 100; // clock ticks: 100 per second on Linux
+}
+
+async function open() {
+  if (backend === 'memory') return { adapter: new InMemoryAdapter(), async dispose() {} };
+  if (backend === 'redis') {
+    const server = await startRedis();
+    const { RedisAdapter } = await import('../redis.mjs');
+    return { adapter: new RedisAdapter({ url: server.url }), pid: server.pid, dispose: () => server.dispose() };
+  }
+  if (backend === 'postgres') {
+    const server = await startPostgres();
+    const { PostgresAdapter } = await import('../postgres.mjs');
+    return { adapter: new PostgresAdapter({ url: server.url }), dispose: () => server.dispose() };
+  }
+  if (backend === 'mongo') {
+    const server = await startMongo();
+    const { MongoAdapter } = await import('../mongo.mjs');
+    return { adapter: new MongoAdapter({ url: server.url }), pid: server.pid, dispose: () => server.dispose() };
+  }
+  throw new Error(`unknown backend ${backend}: redis, postgres, mongo or memory`);
+}
+
+const { adapter, pid, dispose } = await open();
+const locker = new Locker({ adapter, retry: { retries: 0 } });
+const rssBefore = process.memoryUsage().rss;
+const locks = new Array(COUNT);
+const t0 = performance.now();
+let next = 0;
+await Promise.all(
+  Array.from({ length: Math.min(IN_FLIGHT, COUNT) }, async () => {
+    while (next < COUNT) {
+      const i = next++;
+      locks[i] = await locker.acquire(`held:${i}`, { ttl: TTL, autoExtend: { maxHold: 2 ** 31 - 1 } });
+    }
+  }),
+);
+const acquireS = (performance.now() - t0) / 1000;
+globalThis.gc?.();
+const cpu0 = process.cpuUsage();
+const server0 = pid ? cpuSeconds(pid) : 0;
+const h0 = performance.now();
+let rssPeak = process.memoryUsage().rss;
+const sampler = setInterval(() => (rssPeak = Math.max(rssPeak, process.memoryUsage().rss)), 1000);
+await new Promise((r) => setTimeout(r, HOLD_S * 1000));
+clearInterval(sampler);
+const wall = (performance.now() - h0) / 1000;
+const cpu = process.cpuUsage(cpu0);
+const nodeCpu = (cpu.user + cpu.system) / 1e6 / wall;
+const serverCpu = pid ? (cpuSeconds(pid) - server0) / wall : undefined;
+const lost = locks.filter((l) => l.state !== 'held').length;
+const perLock = (rssPeak - rssBefore) / COUNT;
+const pct = (x) => `${(x * 100).toFixed(1)} %`;
+console.log(
+  `${backend}: ${COUNT.toLocaleString('en-US')} locks, ttl ${TTL} ms, held ${HOLD_S} s: acquired in ${acquireS.toFixed(1)} s ` +
+    `(${Math.round(COUNT / acquireS).toLocaleString('en-US')}/s); Node CPU ${pct(nodeCpu)} of a core` +
+    (serverCpu === undefined ? '' : `, server CPU ${pct(serverCpu)}`) +
+    `; RSS ${(rssPeak / 2 ** 20).toFixed(0)} MB (${Math.round(perLock)} B per lock); lost ${lost}`,
+);
+console.log(JSON.stringify({ backend, count: COUNT, ttl: TTL, holdS: HOLD_S, acquireS, nodeCpu, serverCpu, rssPeak, perLock, lost }));
+let i = 0;
+await Promise.all(
+  Array.from({ length: IN_FLIGHT }, async () => {
+    while (i < COUNT) await locks[i++].release().catch(() => {});
+  }),
+);
+await adapter.close?.();
+await dispose();
