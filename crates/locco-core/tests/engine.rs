@@ -33,6 +33,8 @@ struct Gated {
     /// Apply the request, then answer an error anyway (the reply was lost).
     fail_after_apply: Rc<Cell<bool>>,
     calls: RefCell<Vec<&'static str>>,
+    /// The size of each `extend_many` call.
+    batches: RefCell<Vec<usize>>,
     /// Opened when the session that keeps every lease ends (`watch_lost`).
     session_gone: Rc<Gate>,
 }
@@ -80,6 +82,7 @@ impl Gated {
             fail: Cell::new(false),
             fail_after_apply: Rc::default(),
             calls: RefCell::default(),
+            batches: RefCell::default(),
             session_gone: Rc::default(),
         }
     }
@@ -148,6 +151,10 @@ impl Backend for Gated {
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let (me, k, t) = (self.inner.clone(), key.to_owned(), token.to_owned());
         self.gate("extend", move || me.extend(&k, &t, ttl))
+    }
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<Result<bool>>> {
+        self.batches.borrow_mut().push(renewals.len());
+        extend_each(self, renewals)
     }
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
         self.inner.is_held(key, token)
@@ -395,6 +402,47 @@ fn a_heartbeat_ticks_from_when_the_previous_request_left() {
     assert_eq!(h.events().iter().filter(|e| *e == "extended").count(), 1);
     h.run_to(1600.0);
     assert_eq!(h.events().iter().filter(|e| *e == "extended").count(), 2);
+}
+
+#[test]
+fn heartbeats_due_close_together_leave_as_one_batch() {
+    let mut h = Harness::new();
+    // 40 locks taken 1 ms apart: their ticks fall due from 1300 to 1339. A tick may run a
+    // twentieth of the interval (15 ms) early, so they leave in batches, not one by one.
+    let mut locks = Vec::new();
+    for i in 0..40 {
+        locks.push(h.acquire(&format!("k{i}"), heartbeat(900, 60_000.0)));
+        h.clock.advance(1.0);
+    }
+    h.run_to(1340.0);
+    let batches = h.backend.batches.borrow().clone();
+    assert_eq!(batches.iter().sum::<usize>(), 40, "{batches:?}");
+    assert!(batches.len() <= 3, "{batches:?}");
+    // Each new lease counts from when its batch left: the first batch left at 1300.
+    assert_eq!(locks[0].lease_end(), 1300.0 + 891.0);
+    assert_eq!(locks[10].lease_end(), 1300.0 + 891.0);
+    assert!(locks.iter().all(|l| l.state() == LockState::Held));
+}
+
+#[test]
+fn a_key_lost_among_a_batch_ends_only_its_own_lock() {
+    let mut h = Harness::new();
+    let locks: Vec<Lock> = (0..10)
+        .map(|i| h.acquire(&format!("k{i}"), heartbeat(900, 60_000.0)))
+        .collect();
+    // Another holder's delete behind our back.
+    assert!(h
+        .pool
+        .run_until(h.backend.inner.release("k3", locks[3].token()))
+        .unwrap());
+    h.run_to(1300.0);
+    assert_eq!(h.backend.batches.borrow().as_slice(), &[10]);
+    assert_eq!(locks[3].state(), LockState::Lost);
+    assert_eq!(locks[3].lost_reason(), Some(LostReason::Extend));
+    for (i, lock) in locks.iter().enumerate().filter(|(i, _)| *i != 3) {
+        assert_eq!(lock.state(), LockState::Held, "lock {i}");
+        assert_eq!(lock.lease_end(), 1300.0 + 891.0, "lock {i}");
+    }
 }
 
 #[test]

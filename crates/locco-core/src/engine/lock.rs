@@ -16,6 +16,9 @@ use crate::engine::timer::sleep_until;
 /// than the backend's (the margin Redlock uses).
 pub const CLOCK_DRIFT_FACTOR: f64 = 0.01;
 
+/// How early a heartbeat tick may run at most (see [`LockInner::schedule_tick`]).
+const TICK_EARLY_MS: f64 = 25.0;
+
 /// Where a lease ends on the holder's clock, for a request that left at `sent_at`.
 pub fn lease_end(sent_at: f64, ttl: u32) -> f64 {
     sent_at + ttl as f64 * (1.0 - CLOCK_DRIFT_FACTOR)
@@ -76,6 +79,8 @@ pub(crate) struct LockInner {
     pub heartbeat_stopped: Cell<bool>,
     /// Somebody listens for the loss: expiry is checked on a timer, not only when read.
     pub watched: Cell<bool>,
+    /// When the one live expiry check of this lock is due (infinite: none is).
+    pub expiry_at: Cell<f64>,
 }
 
 /// A held lock. Cheap to clone: clones share one state.
@@ -140,7 +145,7 @@ impl Lock {
     pub fn watch(&self) {
         let inner = &self.0;
         if !inner.watched.replace(true) && inner.state.get() == LockState::Held {
-            inner.schedule(inner.lease_end.get(), Due::Expiry);
+            inner.check_expiry_by(inner.lease_end.get());
         }
     }
 
@@ -247,8 +252,30 @@ impl LockInner {
         self.shared.rt.clock.now()
     }
 
-    pub(crate) fn schedule(self: &Rc<Self>, at: f64, due: Due) {
+    fn schedule(self: &Rc<Self>, at: f64, due: Due) {
         self.shared.scheduler.push(&self.shared.rt, at, due, self);
+    }
+
+    /// Makes sure the lease is checked no later than `end`. A lock keeps one live check: one
+    /// already due by then is enough, and when it finds the lease moved on it schedules the
+    /// next, so extensions add no entries.
+    pub(crate) fn check_expiry_by(self: &Rc<Self>, end: f64) {
+        if self.expiry_at.get() <= end {
+            return;
+        }
+        self.expiry_at.set(end);
+        self.schedule(end, Due::Expiry);
+    }
+
+    /// Schedules the next heartbeat tick at `at`. The scheduler may run it up to a twentieth of
+    /// the interval (at most [`TICK_EARLY_MS`]) early, beside other ticks due by then, so that
+    /// ticks close in time leave as one batch. Early is safe: a lease counts from when its
+    /// request left.
+    pub(crate) fn schedule_tick(self: &Rc<Self>, at: f64, hb: Heartbeat) {
+        let early = (hb.interval / 20.0).min(TICK_EARLY_MS);
+        self.shared
+            .scheduler
+            .push_tick(&self.shared.rt, at, early, self);
     }
 
     /// Resolves when the clock passes the current lease end (re-reading it, since an extension
@@ -344,8 +371,20 @@ impl Scheduled for LockInner {
 
 /// Runs what the scheduler says is due for `lock`.
 fn on_due(lock: &Rc<LockInner>, due: Due, at: f64) {
+    if due == Due::Expiry {
+        // Only the live check counts; an earlier one made it stale.
+        if at != lock.expiry_at.get() {
+            return;
+        }
+        lock.expiry_at.set(f64::INFINITY);
+        lock.refresh();
+        if lock.state.get() == LockState::Held {
+            lock.check_expiry_by(lock.lease_end.get());
+        }
+        return;
+    }
     lock.refresh();
-    if due == Due::Expiry || lock.state.get() != LockState::Held || lock.heartbeat_stopped.get() {
+    if lock.state.get() != LockState::Held || lock.heartbeat_stopped.get() {
         return;
     }
     let Some(hb) = lock.heartbeat else { return };
@@ -356,17 +395,25 @@ fn on_due(lock: &Rc<LockInner>, due: Due, at: f64) {
         lock.schedule(now + hb.interval / 3.0, Due::Tick);
         return;
     }
-    let lock = lock.clone();
-    let spawner = lock.shared.rt.spawner.clone();
-    spawner.spawn(Box::pin(async move {
-        let _ = extend_once(&lock, true).await;
-    }));
+    lock.shared.renewals.add(lock.clone());
 }
 
 /// Sends one extension of `lock.ttl` (clamped to the deadline) and applies its answer.
 async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> {
     // A non-finite reading would turn into a made-up ttl below: refuse it before sending.
     let sent_at = checked_now(&*inner.shared.rt.clock)?;
+    let ttl = begin_extend(inner, sent_at)?;
+    let op = inner.shared.backend.extend(&inner.key, &inner.token, ttl);
+    let answer = match first(op, inner.lease_over()).await {
+        First::Left(r) => Some(r),
+        First::Right(()) => None,
+    };
+    finish_extend(inner, ttl, sent_at, answer, from_heartbeat)
+}
+
+/// The part of an extension before its request leaves at `sent_at`: the ttl to ask for
+/// (clamped to the hold deadline), with the lease judged as if the request were applied now.
+pub(crate) fn begin_extend(inner: &Rc<LockInner>, sent_at: f64) -> Result<u32> {
     let mut ttl = inner.ttl.get();
     if let Some(deadline) = inner.deadline {
         let left = (deadline - sent_at).floor();
@@ -391,14 +438,21 @@ async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> 
     if end < inner.lease_end.get() {
         inner.lease_end.set(end);
         if inner.watched.get() || inner.heartbeat.is_some() {
-            inner.schedule(end, Due::Expiry);
+            inner.check_expiry_by(end);
         }
     }
-    let op = inner.shared.backend.extend(&inner.key, &inner.token, ttl);
-    let answer = match first(op, inner.lease_over()).await {
-        First::Left(r) => Some(r),
-        First::Right(()) => None,
-    };
+    Ok(ttl)
+}
+
+/// Applies the answer to an extension of `ttl` that left at `sent_at`; `None` when the lease
+/// ran out before any answer came.
+pub(crate) fn finish_extend(
+    inner: &Rc<LockInner>,
+    ttl: u32,
+    sent_at: f64,
+    answer: Option<Result<bool>>,
+    from_heartbeat: bool,
+) -> Result<()> {
     // Read the clock while the request still counts as in flight: a late answer is late-extend.
     inner.refresh();
     inner.extending.set(inner.extending.get() - 1);
@@ -417,13 +471,13 @@ async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> 
             *inner.last_extend_error.borrow_mut() = None;
             inner.emit(|held_ms, key, ttl| Event::Extended { key, ttl, held_ms });
             if inner.watched.get() || inner.heartbeat.is_some() {
-                inner.schedule(end, Due::Expiry);
+                inner.check_expiry_by(end);
             }
             // Only the heartbeat's own extension schedules its next tick: a manual extend()
             // that did so would start a second chain of ticks beside the first.
             if let (true, Some(hb)) = (from_heartbeat, inner.heartbeat) {
                 if !inner.heartbeat_stopped.get() {
-                    inner.schedule(sent_at + hb.interval, Due::Tick);
+                    inner.schedule_tick(sent_at + hb.interval, hb);
                 }
             }
             Ok(())

@@ -11,7 +11,6 @@ use crate::engine::lock::{lease_end, Heartbeat, Lock, LockInner, LockState};
 use crate::engine::options::{random_token, validate_key, AcquireOptions, LockerOptions};
 use crate::engine::retry::{Delay, DelayInput, RetryPolicy};
 use crate::engine::runtime::{aborted, Abort, Runtime};
-use crate::engine::scheduler::Due;
 use crate::engine::shared::Shared;
 use crate::engine::task::{first, First};
 use crate::engine::timer::{sleep_until, sleep_until_from};
@@ -108,6 +107,7 @@ impl Locker {
                 options,
                 retry,
                 scheduler: Rc::default(),
+                renewals: Default::default(),
             }),
         })
     }
@@ -602,12 +602,13 @@ impl Locker {
             last_extend_error: RefCell::new(None),
             heartbeat_stopped: Cell::new(false),
             watched: Cell::new(watched),
+            expiry_at: Cell::new(f64::INFINITY),
         });
         if watched {
-            inner.schedule(inner.lease_end.get(), Due::Expiry);
+            inner.check_expiry_by(inner.lease_end.get());
         }
         if let Some(hb) = heartbeat {
-            inner.schedule(sent_at + hb.interval, Due::Tick);
+            inner.schedule_tick(sent_at + hb.interval, hb);
         }
         if let Some(gone) = self.shared.backend.watch_lost(&inner.key, &inner.token) {
             // Weak: a lock nobody holds any more needs no news of its session.

@@ -10,6 +10,7 @@ pub(crate) mod ids;
 pub(crate) mod lock;
 pub(crate) mod locker;
 pub(crate) mod options;
+pub(crate) mod renewals;
 pub(crate) mod retry;
 pub(crate) mod runtime;
 pub(crate) mod scheduler;

@@ -1,6 +1,7 @@
 //! One scheduler per Locker drives every heartbeat tick and lease-expiry check of its locks,
-//! from one heap and one pending sleep, instead of a timer per lock. It knows a lock only as
-//! something [`Scheduled`] that it tells what fell due.
+//! from two heaps and one pending sleep, instead of a timer per lock. It knows a lock only as
+//! something [`Scheduled`] that it tells what fell due. A tick may run a little early, beside
+//! the ticks due by then, so that their extensions leave together.
 
 use std::cell::{Cell, RefCell};
 use std::cmp::{Ordering, Reverse};
@@ -28,6 +29,8 @@ pub(crate) trait Scheduled {
 
 struct Entry {
     at: f64,
+    /// How much earlier than `at` it may run (ticks only).
+    early: f64,
     seq: u64,
     due: Due,
     lock: Weak<dyn Scheduled>,
@@ -50,9 +53,12 @@ impl Ord for Entry {
     }
 }
 
+type Heap = RefCell<BinaryHeap<Reverse<Entry>>>;
+
 #[derive(Default)]
 pub(crate) struct Scheduler {
-    heap: RefCell<BinaryHeap<Reverse<Entry>>>,
+    ticks: Heap,
+    expiries: Heap,
     seq: Cell<u64>,
     running: Cell<bool>,
     /// The driver's waker while it sleeps, to wake it for an earlier entry.
@@ -68,10 +74,37 @@ impl Scheduler {
         due: Due,
         lock: &Rc<L>,
     ) {
+        self.push_entry(rt, at, 0.0, due, lock)
+    }
+
+    /// Schedules a tick for `lock` at `at` that may run up to `early` ms before it.
+    pub(crate) fn push_tick<L: Scheduled + 'static>(
+        self: &Rc<Self>,
+        rt: &Runtime,
+        at: f64,
+        early: f64,
+        lock: &Rc<L>,
+    ) {
+        self.push_entry(rt, at, early, Due::Tick, lock)
+    }
+
+    fn push_entry<L: Scheduled + 'static>(
+        self: &Rc<Self>,
+        rt: &Runtime,
+        at: f64,
+        early: f64,
+        due: Due,
+        lock: &Rc<L>,
+    ) {
         let seq = self.seq.get() + 1;
         self.seq.set(seq);
-        self.heap.borrow_mut().push(Reverse(Entry {
+        let heap = match due {
+            Due::Tick => &self.ticks,
+            Due::Expiry => &self.expiries,
+        };
+        heap.borrow_mut().push(Reverse(Entry {
             at,
+            early,
             seq,
             due,
             lock: Rc::downgrade(lock) as Weak<dyn Scheduled>,
@@ -89,10 +122,11 @@ impl Scheduler {
         }
     }
 
-    fn pop_due(&self, now: f64) -> Option<(f64, Due, Rc<dyn Scheduled>)> {
-        let mut heap = self.heap.borrow_mut();
+    /// The next entry of `heap` that may run at `now`, if any.
+    fn pop_due(heap: &Heap, now: f64) -> Option<(f64, Due, Rc<dyn Scheduled>)> {
+        let mut heap = heap.borrow_mut();
         while let Some(Reverse(top)) = heap.peek() {
-            if top.at > now {
+            if top.at - top.early > now {
                 return None;
             }
             let Reverse(e) = heap.pop().expect("peeked");
@@ -102,24 +136,34 @@ impl Scheduler {
         }
         None
     }
+
+    /// When the earliest entry is due.
+    fn next_at(&self) -> Option<f64> {
+        let head = |heap: &Heap| heap.borrow().peek().map(|Reverse(e)| e.at);
+        match (head(&self.ticks), head(&self.expiries)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// The scheduler's one task: runs due entries, then sleeps until the earliest one.
 async fn drive(s: Rc<Scheduler>, rt: Runtime) {
     loop {
         let now = rt.clock.now();
-        while let Some((at, due, lock)) = s.pop_due(now) {
+        while let Some((at, due, lock)) = Scheduler::pop_due(&s.expiries, now) {
             lock.on_due(due, at);
         }
-        let next = s.heap.borrow().peek().map(|Reverse(e)| e.at);
-        let Some(next) = next else {
+        while let Some((at, due, lock)) = Scheduler::pop_due(&s.ticks, now) {
+            lock.on_due(due, at);
+        }
+        let Some(next) = s.next_at() else {
             s.running.set(false);
             return;
         };
         let wait = rt.timer.sleep(next - rt.clock.now());
         let earlier = std::future::poll_fn(|cx| {
-            let head = s.heap.borrow().peek().map(|Reverse(e)| e.at);
-            if head.is_some_and(|h| h < next) {
+            if s.next_at().is_some_and(|h| h < next) {
                 return Poll::Ready(());
             }
             *s.sleeper.borrow_mut() = Some((next, cx.waker().clone()));

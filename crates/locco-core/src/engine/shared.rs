@@ -1,10 +1,11 @@
 //! What a Locker and its locks share: the backend, the host services, the options and the
-//! scheduler of their heartbeats and expiry checks.
+//! scheduler of their heartbeats and expiry checks, and the batch of renewals due.
 
 use std::rc::Rc;
 
 use crate::backend::Backend;
 use crate::engine::options::LockerOptions;
+use crate::engine::renewals::Renewals;
 use crate::engine::retry::RetryPolicy;
 use crate::engine::runtime::Runtime;
 use crate::engine::scheduler::Scheduler;
@@ -15,4 +16,5 @@ pub(crate) struct Shared {
     pub options: LockerOptions,
     pub retry: RetryPolicy,
     pub scheduler: Rc<Scheduler>,
+    pub renewals: Renewals,
 }

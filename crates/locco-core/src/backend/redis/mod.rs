@@ -14,7 +14,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Script};
 
 use crate::backend::io::{self, redact, runtime, Failure};
-use crate::backend::{Backend, Op, Queue, Queued, Waiter};
+use crate::backend::{extend_each, Backend, Op, Queue, Queued, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 #[cfg(unix)]
@@ -176,6 +176,20 @@ if v == ARGV[1] or v == ARGV[1] .. '|locco:waited' then
 end
 return 0";
 
+/// EXTEND for each key: ARGV holds a token and a ttl per key. Answers 1 or 0 per key.
+const EXTEND_MANY: &str = r"
+local out = {}
+for i = 1, #KEYS do
+  local token = ARGV[2 * i - 1]
+  local v = redis.call('GET', KEYS[i])
+  if v == token or v == token .. '|locco:waited' then
+    out[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+  else
+    out[i] = 0
+  end
+end
+return out";
+
 /// Our token, with a lease still running.
 const IS_HELD: &str = r"
 local v = redis.call('GET', KEYS[1])
@@ -199,6 +213,7 @@ struct Scripts {
     release: Script,
     leave: Script,
     extend: Script,
+    extend_many: Script,
     is_held: Script,
 }
 
@@ -211,6 +226,7 @@ fn scripts() -> &'static Scripts {
         release: Script::new(&format!("{RELEASE_FAST}{QUEUE_PRELUDE}{RELEASE_BODY}")),
         leave: queued(LEAVE_BODY),
         extend: Script::new(EXTEND),
+        extend_many: Script::new(EXTEND_MANY),
         is_held: Script::new(IS_HELD),
     })
 }
@@ -370,6 +386,23 @@ pub fn hash_tag(key: &str) -> Option<&str> {
     let open = key.find('{')?;
     let close = key[open + 1..].find('}')? + open + 1;
     (close > open + 1).then(|| &key[open + 1..close])
+}
+
+/// The Cluster hash slot of a key: CRC16 (XMODEM) of its hash tag, or of the whole key.
+fn slot_of(key: &str) -> u16 {
+    let hashed = hash_tag(key).unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &byte in hashed.as_bytes() {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 /// A key beside a lock's, in the same hash slot: `suffix` after the lock's key, which is
@@ -905,6 +938,76 @@ impl Backend for RedisBackend {
         })
     }
 
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<Result<bool, Error>>> {
+        // With waitForReplicas each extension waits for its own acknowledgements.
+        if self.inner.options.wait_for_replicas.is_some() || renewals.len() < 2 {
+            return extend_each(self, renewals);
+        }
+        // One script call over many keys; on a Cluster, one per hash slot.
+        let mut calls: Vec<(Vec<usize>, Vec<String>, Vec<String>)> = Vec::new();
+        let mut by_slot: crate::IdMap<u16, usize> = Default::default();
+        for (i, r) in renewals.iter().enumerate() {
+            let slot = if self.inner.options.cluster {
+                slot_of(r.key)
+            } else {
+                0
+            };
+            let at = *by_slot.entry(slot).or_insert_with(|| {
+                calls.push(Default::default());
+                calls.len() - 1
+            });
+            let (index, keys, args) = &mut calls[at];
+            index.push(i);
+            keys.push(r.key.to_owned());
+            args.extend([r.token.to_owned(), r.ttl.to_string()]);
+        }
+        let count = renewals.len();
+        let op = self.with_conn(move |inner, conn| async move {
+            let sends = calls.into_iter().map(|(index, keys, args)| {
+                let mut conn = conn.clone();
+                async move {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let answer = conn
+                        .script::<Vec<i64>, _>(&scripts().extend_many, &keys, &args)
+                        .await;
+                    (index, answer)
+                }
+            });
+            let mut out: Vec<Result<bool, Failure>> = vec![Ok(false); count];
+            for (index, answer) in futures_util::future::join_all(sends).await {
+                match answer {
+                    Ok(done) if done.len() == index.len() => {
+                        index
+                            .iter()
+                            .zip(done)
+                            .for_each(|(&i, d)| out[i] = Ok(d == 1));
+                    }
+                    Ok(done) => {
+                        let message = format!(
+                            "EXTEND_MANY answered {} outcomes for {} keys",
+                            done.len(),
+                            index.len()
+                        );
+                        let failure = Failure::new("redis", BackendErrorKind::Protocol, message);
+                        index.iter().for_each(|&i| out[i] = Err(failure.clone()));
+                    }
+                    Err(e) => {
+                        let failure = inner.failure(e);
+                        index.iter().for_each(|&i| out[i] = Err(failure.clone()));
+                    }
+                }
+            }
+            Ok(out)
+        });
+        Op::pending(async move {
+            let out = op.await?;
+            Ok(out
+                .into_iter()
+                .map(|r| r.map_err(Failure::into_error))
+                .collect())
+        })
+    }
+
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
         self.with_conn(move |inner, mut conn| async move {
@@ -1141,6 +1244,14 @@ mod tests {
         );
         assert!(QUEUE_PRELUDE.contains("KEYS[2] or KEYS[1] .. ':locco-q'"));
         assert!(QUEUE_PRELUDE.contains("KEYS[3] or KEYS[1] .. ':locco-qt'"));
+    }
+
+    #[test]
+    fn slots_match_redis_cluster_keyslot() {
+        // Values from CLUSTER KEYSLOT.
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
+        assert_eq!(slot_of("123456789"), 12739);
     }
 
     #[test]

@@ -1,0 +1,115 @@
+//! Heartbeat extensions that fall due together leave as one backend operation
+//! ([`crate::Backend::extend_many`]), in chunks, instead of one request per lock. Each lock
+//! still applies its own answer, with the lease clock rule of a single extension: its new
+//! lease counts from when the chunk left.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use crate::backend::Renewal;
+use crate::engine::clock::checked_now;
+use crate::engine::error::Error;
+use crate::engine::lock::{begin_extend, finish_extend, LockInner, LockState};
+
+/// Renewals per backend operation: large enough that 1,000,000 locks need few operations,
+/// small enough that one answer stays well under a millisecond to apply.
+pub(crate) const CHUNK: usize = 1000;
+
+/// The heartbeats that fell due in this turn of the engine, sent together at its end.
+#[derive(Default)]
+pub(crate) struct Renewals {
+    due: RefCell<Vec<Rc<LockInner>>>,
+}
+
+impl Renewals {
+    /// Queues a heartbeat extension of `lock`. The first one of a turn starts the task that
+    /// sends them all once the turn's other due ticks have joined it.
+    pub(crate) fn add(&self, lock: Rc<LockInner>) {
+        let first = {
+            let mut due = self.due.borrow_mut();
+            due.push(lock.clone());
+            due.len() == 1
+        };
+        if first {
+            let spawner = lock.shared.rt.spawner.clone();
+            spawner.spawn(Box::pin(async move {
+                YieldOnce(false).await;
+                let due = std::mem::take(&mut *lock.shared.renewals.due.borrow_mut());
+                let mut due = due.into_iter().peekable();
+                while due.peek().is_some() {
+                    let chunk: Vec<_> = due.by_ref().take(CHUNK).collect();
+                    lock.shared.rt.spawner.spawn(Box::pin(send(chunk)));
+                }
+            }));
+        }
+    }
+}
+
+/// Sends one chunk of extensions and applies each answer to its lock.
+async fn send(locks: Vec<Rc<LockInner>>) {
+    let Some(shared) = locks.first().map(|l| l.shared.clone()) else {
+        return;
+    };
+    // A clock that cannot be read sends nothing, as a single extension would: the leases then
+    // run out and the expiry checks report them.
+    let Ok(sent_at) = checked_now(&*shared.rt.clock) else {
+        return;
+    };
+    // Locks that lost their lease, began their release or stopped their heartbeat since the
+    // tick drop out, and so do those past their hold deadline (begin_extend reports them).
+    let sent: Vec<(Rc<LockInner>, u32)> = locks
+        .into_iter()
+        .filter(|l| {
+            l.refresh_at(sent_at);
+            l.state.get() == LockState::Held && !l.releasing.get() && !l.heartbeat_stopped.get()
+        })
+        .filter_map(|l| begin_extend(&l, sent_at).ok().map(|ttl| (l, ttl)))
+        .collect();
+    if sent.is_empty() {
+        return;
+    }
+    let renewals: Vec<Renewal<'_>> = sent
+        .iter()
+        .map(|(l, ttl)| Renewal {
+            key: &l.key,
+            token: &l.token,
+            ttl: *ttl,
+        })
+        .collect();
+    let op = shared.backend.extend_many(&renewals);
+    drop(renewals);
+    let answers = match op.await {
+        Ok(answers) if answers.len() == sent.len() => answers,
+        Ok(answers) => {
+            let e = Error::Internal(format!(
+                "the backend answered {} outcomes for {} renewals",
+                answers.len(),
+                sent.len()
+            ));
+            vec![Err(e); sent.len()]
+        }
+        Err(e) => vec![Err(e); sent.len()],
+    };
+    for ((lock, ttl), answer) in sent.iter().zip(answers) {
+        let _ = finish_extend(lock, *ttl, sent_at, Some(answer), true);
+    }
+}
+
+/// Returns `Pending` once, after waking itself: the task runs again after everything already
+/// woken in this turn (the scheduler's other due ticks).
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
