@@ -19,7 +19,9 @@
 //! the key (`value == token → delete`) when a deadline passes without a newer extension. The
 //! timer runs on the I/O thread, not the JavaScript thread, so a stalled event loop does not
 //! stop it. `extend` and `isHeld` also check the deadline, so a lock is never reported held
-//! past it even while the delete is still in flight.
+//! past it even while the delete is still in flight. An extension reads the key (value and
+//! lease must be ours); the extensions that fall due together read all their keys in one
+//! transaction of gets (128 a transaction, etcd's default `--max-txn-ops`).
 //!
 //! Why not one etcd lease per lock: a lease TTL is whole seconds (and at least ~2 s with the
 //! default election timeout), which would make a 100 ms lock live 20 times too long; and each
@@ -52,7 +54,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::backend::io::{self, redact, Failure};
-use crate::backend::{Backend, Op, Queue, Queued, Waiter};
+use crate::backend::{Backend, Op, Queue, Queued, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 /// How to reach etcd and where the locks live.
@@ -136,6 +138,10 @@ struct Place {
     generation: u64,
     session: Arc<Session>,
 }
+
+/// Operations in one transaction at most: etcd refuses more than `--max-txn-ops` (128 by
+/// default), so a batch of extensions is sent as transactions of this many gets.
+const MAX_TXN_OPS: usize = 128;
 
 /// Released tokens remembered at most; past this the set starts again (a spare wake costs one
 /// attempt).
@@ -636,6 +642,65 @@ impl Inner {
         Ok(false)
     }
 
+    /// [`Inner::extend`] for many locks: one read-only transaction without compares whose
+    /// operations get every key (in pieces of [`MAX_TXN_OPS`], sent together), then the value
+    /// and lease compared here, per key, as the single extension's compares would, with the
+    /// same bookkeeping before and after. The reads are linearizable, as the single one's.
+    async fn extend_many(
+        self: &Arc<Self>,
+        renewals: &[(String, String, u32)],
+    ) -> Result<Vec<bool>, Failure> {
+        let start = Instant::now();
+        let mut answers = vec![false; renewals.len()];
+        // Locks whose deadline passed or whose session was lost are not asked about.
+        let asked: Vec<usize> = (0..renewals.len())
+            .filter(|&i| self.local(&renewals[i].0, &renewals[i].1) != Some(false))
+            .collect();
+        if asked.is_empty() {
+            return Ok(answers);
+        }
+        let session = self.session().await?;
+        let kv = self.client().await?.kv_client();
+        let pieces: Vec<&[usize]> = asked.chunks(MAX_TXN_OPS).collect();
+        let sent = pieces.iter().map(|piece| {
+            let txn = Txn::new().and_then(
+                piece
+                    .iter()
+                    .map(|&i| TxnOp::get(self.key(&renewals[i].0), None))
+                    .collect::<Vec<_>>(),
+            );
+            let kv = kv.clone();
+            self.bounded("an extension", move || {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+        });
+        let responses = futures_util::future::try_join_all(sent).await?;
+        for (piece, resp) in pieces.iter().zip(responses) {
+            let gets = resp.op_responses();
+            for (n, &i) in piece.iter().enumerate() {
+                let (key, token, ttl) = &renewals[i];
+                // Ours, and on the live session (a key on a lost session is not extended).
+                let ours = match gets.get(n) {
+                    Some(etcd_client::TxnOpResponse::Get(g)) => g.kvs().first().is_some_and(|kv| {
+                        kv.value() == token.as_bytes() && kv.lease() == session.id
+                    }),
+                    _ => false,
+                };
+                if ours && self.local(key, token) != Some(false) {
+                    self.hold(
+                        key,
+                        token,
+                        start + Duration::from_millis(u64::from(*ttl)),
+                        session.clone(),
+                    );
+                    answers[i] = true;
+                }
+            }
+        }
+        Ok(answers)
+    }
+
     async fn is_held(&self, key: &str, token: &str) -> Result<bool, Failure> {
         if self.local(key, token) == Some(false) {
             return Ok(false);
@@ -770,6 +835,28 @@ impl Backend for EtcdBackend {
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
         self.run(move |inner| async move { inner.extend(&key, &token, ttl).await })
+    }
+
+    /// The gets of every key in one transaction (see [`Inner::extend_many`]); each lock's
+    /// value and lease compared here.
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<crate::engine::error::Result<bool>>> {
+        if renewals.is_empty() {
+            return Op::ready(Ok(Vec::new()));
+        }
+        let renewals: Vec<(String, String, u32)> = renewals
+            .iter()
+            .map(|r| (r.key.to_owned(), r.token.to_owned(), r.ttl))
+            .collect();
+        let op = self.run(move |inner| async move { inner.extend_many(&renewals).await });
+        match op {
+            Op::Ready(answer) => {
+                Op::Ready(answer.map(|all| all.map(|v| v.into_iter().map(Ok).collect())))
+            }
+            Op::Pending(fut, stop) => Op::Pending(
+                Box::pin(async move { fut.await.map(|v| v.into_iter().map(Ok).collect()) }),
+                stop,
+            ),
+        }
     }
 
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {

@@ -2,7 +2,8 @@
 //!
 //! Acquire is one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp()`;
 //! the fenced acquire takes `nextval` of `<table>_fence` in the same statement. Release and
-//! extend compare the token, and extend never revives an expired row. A statement the engine
+//! extend compare the token, and extend never revives an expired row; the heartbeats that fall
+//! due together renew in one `UPDATE … FROM unnest(keys, tokens, ttls)`. A statement the engine
 //! stops waiting for (its budget ran out, say, behind another transaction's row lock) is
 //! cancelled on the server and its connection closed, never pooled again; a statement timeout
 //! on every connection bounds what no cancel reaches.
@@ -24,7 +25,7 @@ use crate::backend::io::{self, redact, Failure, OnAbandon};
 #[path = "postgres_advisory.rs"]
 mod advisory;
 use crate::backend::postgres_queue::{waiters_ddl, Connect, FairStatements, Pushes};
-use crate::backend::{Backend, Op, Queue, Queued, Waiter};
+use crate::backend::{extend_each, Backend, Op, Queue, Queued, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 pub use advisory::{advisory_key, Keys, Mode};
 
@@ -188,6 +189,9 @@ struct Statements {
     acquire_fenced: String,
     release: String,
     extend: String,
+    /// [`Statements::extend`] for many rows: `$1` keys, `$2` tokens, `$3` ttls, answering the
+    /// `(key, token)` of each row it renewed.
+    extend_many: String,
     is_held: String,
     sweep: String,
     fair: Option<FairStatements>,
@@ -214,6 +218,13 @@ impl Statements {
             extend: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $3::float8 * interval '1 millisecond' \
                  WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp() RETURNING 1"
+            ),
+            // The same columns, clock and conditions as `extend`, for every renewal at once.
+            extend_many: format!(
+                "UPDATE {t} AS l SET expires_at = clock_timestamp() + r.ttl * interval '1 millisecond' \
+                 FROM unnest($1::text[], $2::text[], $3::float8[]) AS r(key, token, ttl) \
+                 WHERE l.key = r.key AND l.token = r.token AND l.expires_at > clock_timestamp() \
+                 RETURNING l.key, l.token"
             ),
             is_held: format!(
                 "SELECT 1 FROM {t} WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()"
@@ -839,6 +850,17 @@ fn config_failure(e: Error) -> Failure {
 
 type Rows = Vec<tokio_postgres::Row>;
 
+/// The answers of one statement for many renewals, each `Ok`; a request in flight keeps how
+/// to stop it.
+fn each_ok(op: Op<Vec<bool>>) -> Op<Vec<crate::engine::error::Result<bool>>> {
+    let each =
+        |all: crate::engine::error::Result<Vec<bool>>| all.map(|v| v.into_iter().map(Ok).collect());
+    match op {
+        Op::Ready(answer) => Op::Ready(answer.map(each)),
+        Op::Pending(fut, stop) => Op::Pending(Box::pin(async move { each(fut.await) }), stop),
+    }
+}
+
 /// One row answered: the verb applied.
 fn one(rows: Rows, _: bool) -> bool {
     rows.len() == 1
@@ -886,6 +908,36 @@ impl Backend for PostgresBackend {
             one,
             false,
         )
+    }
+
+    /// One `UPDATE … FROM unnest(…)` for all of them, on one pooled connection, under the
+    /// same statement timeout, cancel and failure mapping as a single extend. A renewal whose
+    /// row the statement did not return is `false`. An advisory lock is checked on its own
+    /// session (each held lock keeps one), so there is nothing to batch: one check each.
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<crate::engine::error::Result<bool>>> {
+        if self.advisory.is_some() {
+            return extend_each(self, renewals);
+        }
+        if renewals.is_empty() {
+            return Op::ready(Ok(Vec::new()));
+        }
+        let keys: Vec<String> = renewals.iter().map(|r| r.key.to_owned()).collect();
+        let tokens: Vec<String> = renewals.iter().map(|r| r.token.to_owned()).collect();
+        let ttls: Vec<f64> = renewals.iter().map(|r| f64::from(r.ttl)).collect();
+        let asked: Vec<(String, String)> =
+            keys.iter().cloned().zip(tokens.iter().cloned()).collect();
+        let p: Params = vec![Box::new(keys), Box::new(tokens), Box::new(ttls)];
+        let renewed = move |rows: Rows, _| {
+            let renewed: std::collections::HashSet<(String, String)> = rows
+                .iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+                .collect();
+            asked
+                .into_iter()
+                .map(|pair| renewed.contains(&pair))
+                .collect::<Vec<bool>>()
+        };
+        each_ok(self.key_op(p, |s, _| Some((&s.extend_many, 3)), renewed, false))
     }
 
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {

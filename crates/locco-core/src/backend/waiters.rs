@@ -162,6 +162,13 @@ impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
     fn extend(&self, key: &str, token: &str, ttl: u32) -> crate::Op<bool> {
         self.inner.extend(key, token, ttl)
     }
+    // Without this the default would send one `extend` per renewal through the wrapper.
+    fn extend_many(
+        &self,
+        renewals: &[crate::Renewal<'_>],
+    ) -> crate::Op<Vec<crate::engine::error::Result<bool>>> {
+        self.inner.extend_many(renewals)
+    }
     fn is_held(&self, key: &str, token: &str) -> crate::Op<bool> {
         self.inner.is_held(key, token)
     }

@@ -1,0 +1,166 @@
+// Batched renewals (Backend::extend_many) against real servers, one started per backend for the
+// file: many auto-extended locks on one Locker, one of them deleted behind its back. That one
+// must be lost ('extend') and every other still held; and where the server counts what it was
+// sent, the count shows far fewer operations than renewals.
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { MongoClient } from 'mongodb';
+import { Locker } from 'locco-rs';
+import { EtcdAdapter } from 'locco-rs/etcd';
+import { MongoAdapter } from 'locco-rs/mongo';
+import { PostgresAdapter } from 'locco-rs/postgres';
+import { startEtcd, startMongo, startPostgres } from './support/servers.mjs';
+import { sleep, until } from './support/adapters.mjs';
+
+const COUNT = 300;
+const TTL = 1500;
+/** The default interval: a third of the ttl. */
+const INTERVAL = TTL / 3;
+/** How many intervals the server's counter is read over. */
+const WINDOW = 4;
+/** The lock deleted behind the locker's back. */
+const VICTIM = 17;
+
+/**
+ * Holds COUNT locks `${prefix}${i}` with autoExtend, deletes lock VICTIM through `remove(key)`
+ * after one interval, and checks that only that one is lost. `counter()` reads the server's
+ * count of operations (or is undefined); its delta over WINDOW intervals, once the loss is
+ * seen, must stay far below the renewals sent meanwhile. Answers the delta.
+ */
+async function oneLostAmongMany({ locker, prefix, remove, counter }) {
+  const locks = await Promise.all(
+    Array.from({ length: COUNT }, (_, i) => locker.acquire(`${prefix}${i}`, { ttl: TTL, autoExtend: { maxHold: 120_000 } })),
+  );
+  try {
+    await sleep(INTERVAL + 150);
+    await remove(`${prefix}${VICTIM}`);
+    const victim = locks[VICTIM];
+    await until(() => victim.state === 'lost', 4 * INTERVAL + 1000).catch(() =>
+      assert.fail(`the deleted lock is still ${victim.state} after several intervals`),
+    );
+    assert.equal(victim.lostReason, 'extend');
+    // Count once the heartbeats have come together: the acquires finished over a while (some
+    // 150 ms here), and the engine lets a tick run only a little early (a twentieth of its
+    // interval) to join a batch, so the first few intervals still send many small batches.
+    // That wait also lets PostgreSQL count the acquires (a backend flushes its statistics at
+    // most once a second).
+    await sleep(1200 + 4 * INTERVAL);
+    const before = counter ? await counter() : undefined;
+    await sleep(WINDOW * INTERVAL);
+    const after = counter ? await counter() : undefined;
+    const others = locks.filter((_, i) => i !== VICTIM);
+    const notHeld = others.map((l, i) => [i, l.state, l.lostReason]).filter(([, state]) => state !== 'held');
+    assert.deepEqual(notHeld, [], 'every other lock is still held');
+    assert.equal(victim.state, 'lost');
+    for (const i of [0, 1, 99, 150, 298]) assert.equal(await others[i].isHeld(), true, `lock ${i} is held on the server`);
+    assert.equal(await victim.isHeld(), false);
+    // Still ours on the server, long after the first ttl ran out.
+    const released = await Promise.all(others.map((l) => l.release()));
+    assert.equal(released.filter(Boolean).length, COUNT - 1);
+    return before === undefined ? undefined : after - before;
+  } finally {
+    await Promise.all(locks.map((l) => (l.state === 'held' ? l.release().catch(() => {}) : null)));
+  }
+}
+
+/** Renewals sent over the counting window: one per live lock per interval. */
+const RENEWALS = (COUNT - 1) * WINDOW;
+
+describe('PostgreSQL', () => {
+  let pg;
+  before(async () => {
+    pg = await startPostgres();
+  });
+  after(() => pg.dispose());
+
+  it('renews many locks in few statements; a deleted row is lost alone', async (t) => {
+    const adapter = new PostgresAdapter({ url: pg.url, tableName: 'renewals', poolSize: 10 });
+    const locker = new Locker({ adapter });
+    try {
+      const commits = () => Number(pg.psql(`SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`));
+      const delta = await oneLostAmongMany({
+        locker,
+        prefix: 'pg:',
+        remove: (key) => assert.equal(pg.psql(`DELETE FROM renewals WHERE key = '${key}' RETURNING key`), key),
+        counter: commits,
+      });
+      t.diagnostic(`${delta} transactions committed for ${RENEWALS} renewals`);
+      assert.ok(delta < RENEWALS / 10, `${delta} transactions for ${RENEWALS} renewals`);
+    } finally {
+      await adapter.close();
+    }
+  });
+});
+
+describe('MongoDB', () => {
+  let mongo;
+  let client;
+  before(async () => {
+    mongo = await startMongo();
+    client = new MongoClient(mongo.url);
+  });
+  after(async () => {
+    await client?.close();
+    await mongo?.dispose();
+  });
+
+  it('renews many locks in few commands; a deleted document is lost alone', async (t) => {
+    const adapter = new MongoAdapter({ url: mongo.url, dbName: 'renewals' });
+    const locker = new Locker({ adapter });
+    const locks = client.db('renewals').collection('locco-locks');
+    // Every request the server received, from any client (ours, the driver's monitoring and
+    // these readings too): the round trips.
+    const commands = async () => {
+      const { network } = await client.db('admin').command({ serverStatus: 1 });
+      return Number(network.numRequests);
+    };
+    try {
+      const delta = await oneLostAmongMany({
+        locker,
+        prefix: 'mongo:',
+        remove: async (key) => assert.equal((await locks.deleteOne({ key })).deletedCount, 1),
+        counter: commands,
+      });
+      t.diagnostic(`${delta} requests served for ${RENEWALS} renewals`);
+      assert.ok(delta < RENEWALS / 10, `${delta} requests for ${RENEWALS} renewals`);
+    } finally {
+      await adapter.close();
+    }
+  });
+});
+
+describe('etcd', () => {
+  let etcd;
+  before(async () => {
+    etcd = await startEtcd();
+  });
+  after(() => etcd?.dispose());
+
+  it('renews many locks in few transactions; a deleted key is lost alone', async (t) => {
+    const prefix = 'renewals/';
+    const adapter = new EtcdAdapter({ endpoints: [etcd.endpoint], prefix });
+    const locker = new Locker({ adapter });
+    // Every Txn the member served (grants, extensions, deletes by value).
+    const txns = async () => {
+      const text = await (await fetch(`${etcd.url}/metrics`)).text();
+      const line = text.split('\n').find((l) => l.startsWith('grpc_server_started_total{') && l.includes('grpc_method="Txn"'));
+      return Number(line.split(' ').pop());
+    };
+    try {
+      const b64 = (s) => Buffer.from(s).toString('base64');
+      const delta = await oneLostAmongMany({
+        locker,
+        prefix: 'etcd:',
+        remove: async (key) => {
+          const r = await etcd.call(etcd.members[0], 'kv/deleterange', { key: b64(`${prefix}${key}`) });
+          assert.equal(r.deleted, '1');
+        },
+        counter: txns,
+      });
+      t.diagnostic(`${delta} Txn calls for ${RENEWALS} renewals`);
+      assert.ok(delta < RENEWALS / 10, `${delta} transactions for ${RENEWALS} renewals`);
+    } finally {
+      await adapter.close();
+    }
+  });
+});
