@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { freePort, startPostgres, startRedis } from './support/servers.mjs';
 
@@ -309,6 +309,32 @@ setTimeout(() => {}, 60_000);
     const out = await r.done;
     assert.equal(out.code, 128 + 15, shown(out));
     assert.ok(out.ms < 30_000);
+  });
+
+  it("the README's Command line example runs as written", async () => {
+    const readme = readFileSync(join(root, 'README.md'), 'utf8');
+    const section = readme.slice(readme.indexOf('\n## Command line\n'));
+    const block = /\n```sh\n([\s\S]*?)\n```\n/.exec(section)?.[1];
+    assert.ok(block?.includes('npx locco-rs run'), 'the Command line section has no sh block running npx locco-rs');
+    const cwd = mkdtempSync(join(dir, 'readme-'));
+    writeFileSync(join(cwd, 'report.js'), "require('fs').writeFileSync('report.done', process.env.REDIS_URL ? 'ran' : '');\n");
+    // npx, as a shell function: the command this checkout would install.
+    const npx = `npx() { [ "$1" = locco-rs ] || exit 99; shift; "$LOCCO_NODE" "$LOCCO_BIN" "$@"; }\n`;
+    const r = await new Promise((resolve, reject) => {
+      const child = spawn('sh', ['-c', npx + block], {
+        cwd,
+        env: { ...process.env, REDIS_URL: redis.url, LOCCO_NODE: node, LOCCO_BIN: bin, PATH: `${dirname(node)}:${process.env.PATH}` },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let out = '';
+      child.stdout.on('data', (d) => (out += d));
+      child.stderr.on('data', (d) => (out += d));
+      child.on('error', reject);
+      child.on('close', (code) => resolve({ code, out }));
+    });
+    assert.equal(r.code, 0, r.out);
+    assert.equal(readFileSync(join(cwd, 'report.done'), 'utf8'), 'ran');
+    assert.equal(redis.cli('EXISTS', 'nightly-report'), '0', 'the lock was not released');
   });
 
   it('a backend that cannot be reached exits 5', async () => {
