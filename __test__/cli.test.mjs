@@ -7,7 +7,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { freePort, startPostgres, startRedis } from './support/servers.mjs';
+import { freePort, startEtcd, startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
 const root = new URL('..', import.meta.url).pathname;
 const bin = join(root, 'bin', 'locco-rs.js');
@@ -379,3 +379,38 @@ describe('run against PostgreSQL', () => {
     assert.equal(r.code, 11, shown(r));
   });
 });
+
+// The other schemes: etcd:// is mapped to EtcdAdapter's endpoints, mongodb:// goes as it is.
+const others = [
+  ['etcd', startEtcd, (server) => `etcd://${server.endpoint}`],
+  ['MongoDB', startMongo, (server) => server.url],
+];
+for (const [name, startServer, urlOf] of others) {
+  describe(`run against ${name}`, () => {
+    let server;
+    before(async () => {
+      server = await startServer();
+    });
+    after(() => server?.dispose());
+
+    it('holds the key for the command, refuses a second holder (exit 3), and fences', async () => {
+      const key = newKey(name);
+      const ready = join(dir, `${key}.ready`);
+      const stop = join(dir, `${key}.stop`);
+      const base = ['run', '--url', urlOf(server), '--key', key];
+      const first = start([...base, '--', node, holder, ready, stop, '30000', '5']);
+      try {
+        await waitForFile(ready);
+        const second = await cli([...base, '--', node, '-e', '']);
+        assert.equal(second.code, 3, shown(second));
+      } finally {
+        writeFileSync(stop, '');
+      }
+      const r = await first.done;
+      assert.equal(r.code, 0, shown(r));
+      const fenced = await cli([...base, '--fencing', '--', node, printEnv]);
+      assert.equal(fenced.code, 0, shown(fenced));
+      assert.match(fenced.stdout.trim(), /^[1-9]\d*$/);
+    });
+  });
+}
