@@ -139,6 +139,7 @@ describe('usage', () => {
     [['run', '--url', 'ftp://127.0.0.1', '--key', 'k', '--', node], /--url must start with one of redis:\/\/.*ftp:\/\/ is not one/],
     [['run', '--url', 'redis://127.0.0.1:99999', '--key', 'k', '--', node], /--url: .*port/],
     [['run', '--url', 'etcd://', '--key', 'k', '--', node], /etcd URL names no host/],
+    [['run', '--url', url, '--key', 'k', '--', ''], /empty string/],
   ];
   for (const [args, message] of cases) {
     const shownArgs = args.length === 0 ? '(no arguments)' : args.map((a) => (a === node ? 'node' : a)).join(' ');
@@ -167,6 +168,35 @@ describe('run against Redis', () => {
     const ok = await run(key, [], [node, '-e', '']).done;
     assert.equal(ok.code, 0, shown(ok));
     assert.equal(redis.cli('EXISTS', key), '0', 'the lock was not released');
+  });
+
+  it('a command that exits 4 by itself keeps its code, is not reported as a lost lock, and the key is released', async () => {
+    const key = newKey('own-4');
+    const r = await run(key, [], [node, '-e', 'process.exit(4)']).done;
+    assert.equal(r.code, 4, shown(r));
+    assert.doesNotMatch(r.stderr, /lost/);
+    assert.equal(redis.cli('EXISTS', key), '0', 'the lock was not released');
+  });
+
+  it('a signal while waiting for a held key ends the wait with 128+n; the command never starts', async () => {
+    const key = newKey('wait-signal');
+    const ready = join(dir, `${key}.ready`);
+    const stop = join(dir, `${key}.stop`);
+    const first = run(key, [], [node, holder, ready, stop, '30000', '0']);
+    try {
+      await waitForFile(ready);
+      const marker = join(dir, `${key}.ran`);
+      const waiting = run(key, ['--wait', '60s'], [node, '-e', `require('fs').writeFileSync(${JSON.stringify(marker)}, '')`]);
+      await sleep(1000); // it has tried by now, and waits
+      waiting.child.kill('SIGTERM');
+      const r = await waiting.done;
+      assert.equal(r.code, 128 + 15, shown(r));
+      assert.ok(r.ms < 30_000, shown(r));
+      assert.equal(existsSync(marker), false, 'the command ran');
+    } finally {
+      writeFileSync(stop, '');
+    }
+    assert.equal((await first.done).code, 0);
   });
 
   it('exits 127 when the command does not exist, and releases the lock', async () => {

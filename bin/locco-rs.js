@@ -171,6 +171,7 @@ function parseRun(args) {
   }
   const command = terminator === undefined ? [] : args.slice(terminator.index + 1);
   if (command.length === 0) throw new UsageError('no command: put it after --, as in locco-rs run --url … --key … -- <command>');
+  if (command[0] === '') throw new UsageError('the command after -- is an empty string');
   const url = values.url ?? process.env.LOCCO_URL;
   if (url === undefined || url === '') throw new UsageError('--url is required (or set LOCCO_URL)');
   if (values.key === undefined || values.key === '') throw new UsageError('--key is required');
@@ -295,13 +296,12 @@ async function run(args) {
       return signalExitCode(stop.signal.reason);
     }
     const code = await runChild(settings, lock);
-    if (code !== EXIT.lost) {
-      try {
-        await lock.release();
-      } catch (error) {
-        // The command's outcome stands; the lease ends on its own at its ttl.
-        say(`the lock ${JSON.stringify(settings.key)} could not be released (${error.message}); it expires by itself`);
-      }
+    try {
+      // After a loss this deletes nothing (the key is gone or another holder's) and answers false.
+      await lock.release();
+    } catch (error) {
+      // The command's outcome stands; the lease ends on its own at its ttl.
+      say(`the lock ${JSON.stringify(settings.key)} could not be released (${error.message}); it expires by itself`);
     }
     return code;
   } finally {
