@@ -187,7 +187,13 @@ describe('run against Redis', () => {
       await waitForFile(ready);
       const marker = join(dir, `${key}.ran`);
       const waiting = run(key, ['--wait', '60s'], [node, '-e', `require('fs').writeFileSync(${JSON.stringify(marker)}, '')`]);
-      await sleep(1000); // it has tried by now, and waits
+      // It waits once it stands in the key's queue of waiters (the Redis adapter's list
+      // `<key>:locco-q`); its signal handlers are in place before its first attempt.
+      const end = Date.now() + 30_000;
+      while (redis.cli('LLEN', `${key}:locco-q`) === '0') {
+        assert.ok(Date.now() < end, 'the second run never queued for the key');
+        await sleep(50);
+      }
       waiting.child.kill('SIGTERM');
       const r = await waiting.done;
       assert.equal(r.code, 128 + 15, shown(r));
