@@ -3,7 +3,7 @@
 // the example documents.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { readdirSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
@@ -42,13 +42,31 @@ const expected = {
   'redis.mjs': [/holding locco-example:invoice:42 with fence \d+/, /tryAcquire after release: got it/],
   'postgres.mjs': [/holding report:monthly with fence 1/, /a second holder gets: null/, /expired rows removed: 0/],
   'mongo.mjs': [/holding export:users/, /released/],
+  'opentelemetry.mjs': [
+    /the second caller waited for the first/,
+    /cache:warm was lost \(extend-failed\)/,
+    /released on the second try: true/,
+    // What the printing meter shows; with @opentelemetry/api installed the SDK gets them instead.
+    ...(existsSync(new URL('../node_modules/@opentelemetry/api', import.meta.url))
+      ? [/metrics go to @opentelemetry\/api/]
+      : [
+          /metrics go to a printing meter/,
+          /locco\.lock\.wait\{locco\.key\.group=report\} 3 values, max (1\d\d|[2-9]\d\d|\d{4,}) ms/,
+          /locco\.lock\.contended\{locco\.key\.group=report\} [1-9]/,
+          /locco\.lock\.hold\{locco\.key\.group=cache,locco\.outcome=lost\} 1 values/,
+          /locco\.lock\.hold\{locco\.key\.group=report,locco\.outcome=released\} 3 values/,
+          /locco\.lock\.lost\{locco\.key\.group=cache,locco\.lost\.reason=extend-failed\} 1\n/,
+          /locco\.backend\.errors\{locco\.key\.group=cache,locco\.operation=extend\} [1-9]/,
+          /locco\.backend\.errors\{locco\.key\.group=report,locco\.operation=release\} 1\n/,
+        ]),
+  ],
 };
 
 it('every example has a check here', () => {
   assert.deepEqual(readdirSync(new URL('../examples', import.meta.url)).sort(), Object.keys(expected).sort());
 });
 
-for (const file of ['memory.mjs', 'leader-election.mjs', 'fenced-write.mjs', 'job-dedup.mjs', 'mutex-manager.mjs']) {
+for (const file of ['memory.mjs', 'leader-election.mjs', 'fenced-write.mjs', 'job-dedup.mjs', 'mutex-manager.mjs', 'opentelemetry.mjs']) {
   it(`node examples/${file}`, () => expectRun(file, {}, expected[file]));
 }
 

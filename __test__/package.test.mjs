@@ -113,11 +113,19 @@ describe('installed from packed tarballs, without build tools', { skip: missing 
 
   it('the main tarball carries the JavaScript and types but no native binary', () => {
     assert.equal(main.files.filter((f) => f.endsWith('.node')).length, 0, main.files.join(' '));
-    for (const f of ['index.js', 'index.mjs', 'index.d.ts', 'index.d.mts', 'binding.js', 'lib/load.js', 'LICENSE', 'README.md']) {
+    for (const f of ['index.js', 'index.mjs', 'index.d.ts', 'index.d.mts', 'binding.js', 'lib/load.js', 'bin/locco-rs.js', 'LICENSE', 'README.md']) {
       assert.ok(main.files.includes(f), `${f} is missing from the tarball`);
     }
     assert.ok(existsSync(join(app, 'node_modules', `${pkg.name}-${platform}`, binary)));
     assert.equal(readdirSync(join(app, 'node_modules', pkg.name)).filter((f) => f.endsWith('.node')).length, 0);
+  });
+
+  it('the locco-rs command is installed in node_modules/.bin and runs', () => {
+    // Through its #!/usr/bin/env node line, with PATH holding only the Node binary's folder.
+    const r = spawnSync(join(app, 'node_modules', '.bin', 'locco-rs'), ['--version'], { cwd: app, encoding: 'utf8', env: { PATH: nodeDir } });
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.stdout.trim(), pkg.version);
+    assert.deepEqual(pkg.bin, { 'locco-rs': 'bin/locco-rs.js' });
   });
 
   it("require('locco-rs') and every subpath work from CommonJS; an in-memory lock", () => {

@@ -88,6 +88,7 @@ const plans = {
 const shell = {
   '(top) #1': 'the set-up commands; scripts/test-all.sh is what runs this test',
   'Quick start #1': 'installs from the npm registry; __test__/package.test.mjs installs the packed tarball instead',
+  'Command line #1': 'runs locco-rs against Redis; __test__/cli.test.mjs runs this block as written',
 };
 
 it('README.md starts with exactly the two set-up commands', () => {

@@ -1,0 +1,369 @@
+#!/usr/bin/env node
+'use strict';
+// The locco-rs command. Each subcommand is one entry of COMMANDS below (its usage text and the
+// function that runs it), so a new one is a new entry. The exit codes are shared by all of them.
+
+const { spawn } = require('node:child_process');
+const { constants } = require('node:os');
+const { parseArgs } = require('node:util');
+
+const { version } = require('../package.json');
+
+/** Exit codes of the tool itself. A command run under the lock exits with its own. */
+const EXIT = {
+  usage: 2, // a wrong option, argument or URL
+  held: 3, // the key is held by someone else (--wait 0), or was not free within --wait
+  lost: 4, // the lock was lost while the command ran; the command was stopped
+  backend: 5, // the backend failed or could not be reached
+  cannotRun: 126, // the command was found but could not be started
+  notFound: 127, // the command was not found
+};
+
+const EXIT_CODES_HELP = `Exit codes:
+  <n>   the command's own exit code
+  128+n the command was killed by signal n (130 for SIGINT, 143 for SIGTERM)
+  2     usage error: a wrong option, duration or URL
+  3     the key is held: taken by another holder (--wait 0), or not free within --wait
+  4     the lock was lost while the command ran; the command was stopped
+  5     the backend failed or could not be reached
+  126   the command could not be started
+  127   the command was not found`;
+
+const FORWARDED_SIGNALS = ['SIGINT', 'SIGTERM', 'SIGHUP'];
+
+/** A mistake on the command line: printed with a pointer to --help, exit code 2. */
+class UsageError extends Error {}
+
+/** A failure that ends the tool with `code` after printing `message`. */
+class ExitError extends Error {
+  constructor(message, code) {
+    super(message);
+    this.code = code;
+  }
+}
+
+const UNITS = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+
+/** '500ms', '30s', '1.5m', '1h' or a plain number of milliseconds, as whole milliseconds. */
+function parseDuration(option, text) {
+  const m = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(text);
+  const ms = m === null ? NaN : Number(m[1]) * UNITS[m[2] ?? 'ms'];
+  if (!Number.isSafeInteger(ms)) {
+    throw new UsageError(
+      `--${option} ${JSON.stringify(text)} is not a duration: use a whole number of milliseconds, or a number with ms, s, m or h (500ms, 30s, 5m, 1h)`,
+    );
+  }
+  return ms;
+}
+
+/** `user:password@` of a URL, percent-decoded; undefined when the URL has none. */
+function userInfo(text) {
+  if (text === undefined) return undefined;
+  const at = text.indexOf(':');
+  const decode = (s) => decodeURIComponent(s);
+  return at < 0 ? { username: decode(text), password: '' } : { username: decode(text.slice(0, at)), password: decode(text.slice(at + 1)) };
+}
+
+/**
+ * etcd://[user:password@]host[:port][,host[:port]…] as EtcdAdapter options. A host without a
+ * port gets etcd's client port, 2379.
+ */
+function etcdOptions(url) {
+  const m = /^etcd:\/\/(?:([^@/?#]*)@)?([^/?#]*)\/?$/i.exec(url);
+  if (m === null) throw new UsageError('an etcd URL is etcd://[user:password@]host:port[,host:port…], with no path or query');
+  const endpoints = m[2].split(',').map((h) => (/:\d+$/.test(h) || h === '' ? h : `${h}:2379`));
+  if (endpoints.some((h) => h === '')) throw new UsageError('the etcd URL names no host (etcd://host:port)');
+  const auth = userInfo(m[1]);
+  return auth === undefined ? { endpoints } : { endpoints, auth };
+}
+
+/** The backends by URL scheme: a function of the URL that answers a new adapter. */
+const BACKENDS = {
+  redis: (url) => new (require('../redis.js').RedisAdapter)({ url }),
+  rediss: (url) => new (require('../redis.js').RedisAdapter)({ url }),
+  postgres: (url) => new (require('../postgres.js').PostgresAdapter)({ url }),
+  postgresql: (url) => new (require('../postgres.js').PostgresAdapter)({ url }),
+  mongodb: (url) => new (require('../mongo.js').MongoAdapter)({ url }),
+  'mongodb+srv': (url) => new (require('../mongo.js').MongoAdapter)({ url }),
+  etcd: (url) => new (require('../etcd.js').EtcdAdapter)(etcdOptions(url)),
+};
+
+function createAdapter(url) {
+  const scheme = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\//.exec(url)?.[1].toLowerCase();
+  const make = scheme === undefined ? undefined : BACKENDS[scheme];
+  if (make === undefined) {
+    const known = Object.keys(BACKENDS).map((s) => `${s}://`).join(', ');
+    throw new UsageError(`--url must start with one of ${known}${scheme ? `; ${scheme}:// is not one` : ''}`);
+  }
+  try {
+    return make(url);
+  } catch (error) {
+    // The adapters' messages name the part of the URL at fault and never repeat a password.
+    if (error && error.code === 'LOCK_VALIDATION') throw new UsageError(`--url: ${error.message}`);
+    throw error;
+  }
+}
+
+/** 128 + the signal's number, as a shell reports a command killed by a signal. */
+function signalExitCode(signal) {
+  return 128 + (constants.signals[signal] ?? 0);
+}
+
+function say(message) {
+  process.stderr.write(`locco-rs: ${message}\n`);
+}
+
+const RUN_USAGE = `Usage: locco-rs run --url <backend-url> --key <key> [options] -- <command> [args…]
+
+Takes the lock <key>, runs the command while holding it (the lease is extended in the
+background), and releases the lock when the command exits.
+
+Options:
+  --url <url>         the backend (or set LOCCO_URL, which keeps a password out of the
+                      process list): redis://, rediss://, postgres://, postgresql://,
+                      mongodb://, mongodb+srv://, or etcd://host:port[,host:port…]
+  --key <key>         the lock's key
+  --ttl <duration>    lease length, extended while the command runs (default 30s)
+  --wait <duration>   how long to wait for a held key; 0 makes one attempt (default 0)
+  --fencing           take a fencing token and pass it to the command as LOCCO_FENCE
+  --grace <duration>  when the lock is lost, time between SIGTERM and SIGKILL (default 5s)
+  --max-hold <duration>
+                      the longest the lock is held; then it counts as lost and the command
+                      is stopped (default: no limit)
+  -h, --help          this text
+
+Durations: 500ms, 30s, 1.5m, 1h, or a plain number of milliseconds.
+
+SIGINT, SIGTERM and SIGHUP are passed on to the command, which decides when to exit.
+If the lock is lost while the command runs, the command gets SIGTERM, then SIGKILL after
+--grace, and locco-rs exits with 4 whatever the command's own exit code.
+
+${EXIT_CODES_HELP}
+
+Example:
+  locco-rs run --url redis://127.0.0.1:6379 --key nightly-report --ttl 30s -- node report.js`;
+
+const RUN_OPTIONS = {
+  url: { type: 'string' },
+  key: { type: 'string' },
+  ttl: { type: 'string', default: '30s' },
+  wait: { type: 'string', default: '0' },
+  fencing: { type: 'boolean', default: false },
+  grace: { type: 'string', default: '5s' },
+  'max-hold': { type: 'string' },
+  help: { type: 'boolean', short: 'h', default: false },
+};
+
+/** Splits `run`'s arguments into checked settings and the command after `--`. */
+function parseRun(args) {
+  let parsed;
+  try {
+    parsed = parseArgs({ args, options: RUN_OPTIONS, allowPositionals: true, strict: true, tokens: true });
+  } catch (error) {
+    throw new UsageError(error.message);
+  }
+  const { values, tokens } = parsed;
+  if (values.help) return { help: true };
+  const terminator = tokens.find((t) => t.kind === 'option-terminator');
+  const early = tokens.find((t) => t.kind === 'positional' && (terminator === undefined || t.index < terminator.index));
+  if (early !== undefined) {
+    throw new UsageError(`unexpected argument ${JSON.stringify(early.value)}: put the command after --`);
+  }
+  const command = terminator === undefined ? [] : args.slice(terminator.index + 1);
+  if (command.length === 0) throw new UsageError('no command: put it after --, as in locco-rs run --url … --key … -- <command>');
+  if (command[0] === '') throw new UsageError('the command after -- is an empty string');
+  const url = values.url ?? process.env.LOCCO_URL;
+  if (url === undefined || url === '') throw new UsageError('--url is required (or set LOCCO_URL)');
+  if (values.key === undefined || values.key === '') throw new UsageError('--key is required');
+  const ttl = parseDuration('ttl', values.ttl);
+  if (ttl < 1) throw new UsageError('--ttl must be at least 1ms');
+  const maxHold = values['max-hold'] === undefined ? Number.MAX_SAFE_INTEGER : parseDuration('max-hold', values['max-hold']);
+  if (maxHold < 1) throw new UsageError('--max-hold must be at least 1ms');
+  return {
+    url,
+    key: values.key,
+    ttl,
+    wait: parseDuration('wait', values.wait),
+    grace: parseDuration('grace', values.grace),
+    maxHold,
+    fencing: values.fencing,
+    command,
+  };
+}
+
+/** Takes the lock: one attempt for wait 0, else retries until `wait` runs out or `stop` aborts. */
+async function takeLock(locker, settings, stop) {
+  const { key, ttl, wait, maxHold } = settings;
+  const autoExtend = { maxHold };
+  let lock;
+  try {
+    if (wait === 0) {
+      lock = await locker.tryAcquire(key, { ttl, autoExtend });
+    } else {
+      const { exponentialBackoff } = require('../index.js');
+      const delay = exponentialBackoff({ base: 50, max: 1000 });
+      lock = await locker.acquire(key, { ttl, autoExtend, signal: stop, retry: { retries: Infinity, delay, timeout: wait } });
+    }
+  } catch (error) {
+    if (stop.aborted && error === stop.reason) throw error;
+    throw asExit(error, key);
+  }
+  if (lock === null) throw new ExitError(`the lock ${JSON.stringify(key)} is held by another holder`, EXIT.held);
+  return lock;
+}
+
+/** A library error as the exit code it maps to. */
+function asExit(error, key) {
+  const code = error && error.code;
+  if (code === 'LOCK_HELD') {
+    const detail = error.reason === 'held' ? 'is held by another holder' : 'was granted too late and given back';
+    const within = error.attempts > 1 ? ` (${error.attempts} attempts in ${Math.round(error.elapsedMs)} ms)` : '';
+    return new ExitError(`the lock ${JSON.stringify(key)} ${detail}${within}`, EXIT.held);
+  }
+  if (code === 'LOCK_VALIDATION') return new UsageError(error.message);
+  return new ExitError(`backend error: ${error && error.message ? error.message : String(error)}`, EXIT.backend);
+}
+
+/**
+ * Runs the command as a child with inherited stdio; settles with the exit code locco-rs should
+ * end with. While it runs: signals are passed on, and a lost lock stops it.
+ */
+function runChild(settings, lock) {
+  const [file, ...args] = settings.command;
+  const env = { ...process.env };
+  if (settings.fencing) env.LOCCO_FENCE = String(lock.fence);
+  return new Promise((resolve) => {
+    let lostReason;
+    let killTimer;
+    // In a terminal, Ctrl-C reaches the child directly too (one process group); passing it on
+    // as well is what a signal sent to locco-rs alone (kill, a supervisor) needs.
+    const forward = (signal) => child.kill(signal);
+    const child = spawn(file, args, { stdio: 'inherit', env });
+    for (const s of FORWARDED_SIGNALS) process.on(s, forward);
+    const onLost = () => {
+      lostReason = lock.lostReason ?? 'lost';
+      say(`the lock ${JSON.stringify(lock.key)} was lost (${lostReason}); stopping the command (SIGTERM, SIGKILL after ${settings.grace} ms)`);
+      child.kill('SIGTERM');
+      killTimer = setTimeout(() => child.kill('SIGKILL'), settings.grace);
+    };
+    const { signal } = lock;
+    if (signal.aborted) queueMicrotask(onLost);
+    else signal.addEventListener('abort', onLost, { once: true });
+    const done = (code) => {
+      for (const s of FORWARDED_SIGNALS) process.off(s, forward);
+      signal.removeEventListener('abort', onLost);
+      clearTimeout(killTimer);
+      resolve(code);
+    };
+    child.once('error', (error) => {
+      // The command could not be started ('exit' does not follow).
+      say(`cannot run ${JSON.stringify(file)}: ${error.message}`);
+      done(error.code === 'ENOENT' ? EXIT.notFound : EXIT.cannotRun);
+    });
+    child.once('exit', (code, sig) => {
+      if (lostReason !== undefined) done(EXIT.lost);
+      else done(code ?? signalExitCode(sig));
+    });
+  });
+}
+
+async function run(args) {
+  const settings = parseRun(args);
+  if (settings.help) {
+    process.stdout.write(`${RUN_USAGE}\n`);
+    return 0;
+  }
+  const adapter = createAdapter(settings.url);
+  const { Locker } = require('../index.js');
+  const locker = new Locker({ adapter, fencing: settings.fencing });
+  // A signal while waiting for the key ends the wait, as it would have ended the command.
+  const stop = new AbortController();
+  const onSignal = (s) => stop.abort(s);
+  for (const s of FORWARDED_SIGNALS) process.on(s, onSignal);
+  try {
+    let lock;
+    try {
+      lock = await takeLock(locker, settings, stop.signal);
+    } catch (error) {
+      if (stop.signal.aborted && error === stop.signal.reason) return signalExitCode(stop.signal.reason);
+      throw error;
+    } finally {
+      for (const s of FORWARDED_SIGNALS) process.off(s, onSignal);
+    }
+    if (stop.signal.aborted) {
+      // A signal came during a single attempt that then succeeded: do not start the command.
+      await lock.release().catch(() => {});
+      return signalExitCode(stop.signal.reason);
+    }
+    const code = await runChild(settings, lock);
+    try {
+      // After a loss this deletes nothing (the key is gone or another holder's) and answers false.
+      await lock.release();
+    } catch (error) {
+      // The command's outcome stands; the lease ends on its own at its ttl.
+      say(`the lock ${JSON.stringify(settings.key)} could not be released (${error.message}); it expires by itself`);
+    }
+    return code;
+  } finally {
+    await locker.close().catch(() => {});
+    await adapter.close().catch(() => {});
+  }
+}
+
+/** The subcommands: usage line for the overview, and the function that runs one. */
+const COMMANDS = {
+  run: { summary: 'run a command while holding a lock', usage: RUN_USAGE, main: run },
+};
+
+function mainUsage() {
+  const width = Math.max(...Object.keys(COMMANDS).map((n) => n.length));
+  const list = Object.entries(COMMANDS)
+    .map(([name, c]) => `  ${name.padEnd(width)}  ${c.summary}`)
+    .join('\n');
+  return `Usage: locco-rs <command> [options]
+
+Commands:
+${list}
+
+Run locco-rs <command> --help for a command's options.
+Options: -h, --help (this text), --version.
+
+${EXIT_CODES_HELP}`;
+}
+
+async function main(argv) {
+  const [name, ...rest] = argv;
+  if (name === undefined) {
+    process.stderr.write(`${mainUsage()}\n`);
+    return EXIT.usage;
+  }
+  if (name === '--help' || name === '-h' || name === 'help') {
+    const topic = name === 'help' && Object.hasOwn(COMMANDS, rest[0]) ? COMMANDS[rest[0]] : undefined;
+    process.stdout.write(`${topic ? topic.usage : mainUsage()}\n`);
+    return 0;
+  }
+  if (name === '--version') {
+    process.stdout.write(`${version}\n`);
+    return 0;
+  }
+  const command = Object.hasOwn(COMMANDS, name) ? COMMANDS[name] : undefined;
+  if (command === undefined) throw new UsageError(`unknown command ${JSON.stringify(name)}; the commands are: ${Object.keys(COMMANDS).join(', ')}`);
+  return command.main(rest);
+}
+
+main(process.argv.slice(2)).then(
+  (code) => process.exit(code),
+  (error) => {
+    if (error instanceof UsageError) {
+      say(`${error.message}\nRun locco-rs --help for usage.`);
+      process.exit(EXIT.usage);
+    }
+    if (error instanceof ExitError) {
+      say(error.message);
+      process.exit(error.code);
+    }
+    const mapped = asExit(error, undefined);
+    say(mapped.message);
+    process.exit(mapped instanceof UsageError ? EXIT.usage : mapped.code);
+  },
+);
