@@ -7,7 +7,7 @@ use crate::engine::clock::checked_now;
 use crate::engine::error::{Error, LostReason, Result};
 use crate::engine::events::Event;
 use crate::engine::options::validate_ttl;
-use crate::engine::scheduler::{Due, Scheduled};
+use crate::engine::scheduler::{Due, Scheduled, TICK_EARLY_MS};
 use crate::engine::shared::Shared;
 use crate::engine::task::{first, First};
 use crate::engine::timer::sleep_until;
@@ -15,9 +15,6 @@ use crate::engine::timer::sleep_until;
 /// The local lease ends this share of the TTL early: room for a holder clock that runs slower
 /// than the backend's (the margin Redlock uses).
 pub const CLOCK_DRIFT_FACTOR: f64 = 0.01;
-
-/// How early a heartbeat tick may run at most (see [`LockInner::schedule_tick`]).
-const TICK_EARLY_MS: f64 = 25.0;
 
 /// Where a lease ends on the holder's clock, for a request that left at `sent_at`.
 pub fn lease_end(sent_at: f64, ttl: u32) -> f64 {
@@ -408,7 +405,7 @@ async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> 
         First::Left(r) => Some(r),
         First::Right(()) => None,
     };
-    finish_extend(inner, ttl, sent_at, answer, from_heartbeat)
+    finish_extend(inner, ttl, sent_at, inner.now(), answer, from_heartbeat)
 }
 
 /// The part of an extension before its request leaves at `sent_at`: the ttl to ask for
@@ -444,22 +441,22 @@ pub(crate) fn begin_extend(inner: &Rc<LockInner>, sent_at: f64) -> Result<u32> {
     Ok(ttl)
 }
 
-/// Applies the answer to an extension of `ttl` that left at `sent_at`; `None` when the lease
-/// ran out before any answer came.
+/// Applies the answer to an extension of `ttl` that left at `sent_at`, read at `now`; `None`
+/// when the lease ran out before any answer came.
 pub(crate) fn finish_extend(
     inner: &Rc<LockInner>,
     ttl: u32,
     sent_at: f64,
+    now: f64,
     answer: Option<Result<bool>>,
     from_heartbeat: bool,
 ) -> Result<()> {
-    // Read the clock while the request still counts as in flight: a late answer is late-extend.
-    inner.refresh();
+    // Judged while the request still counts as in flight: a late answer is late-extend.
+    inner.refresh_at(now);
     inner.extending.set(inner.extending.get() - 1);
     if inner.state.get() != LockState::Held {
         return Err(inner.lost_error());
     }
-    let now = inner.now();
     match answer {
         None => Err(inner.lost_error()),
         Some(Ok(true)) => {

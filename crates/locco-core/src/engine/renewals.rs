@@ -93,8 +93,10 @@ async fn send(locks: Vec<Rc<LockInner>>) {
         }
         Err(e) => vec![Err(e); sent.len()],
     };
+    // One clock reading for the whole answer: it arrived at one moment.
+    let now = shared.rt.clock.now();
     for ((lock, ttl), answer) in sent.iter().zip(answers) {
-        let _ = finish_extend(lock, *ttl, sent_at, Some(answer), true);
+        let _ = finish_extend(lock, *ttl, sent_at, now, Some(answer), true);
     }
 }
 

@@ -1,11 +1,12 @@
 //! One scheduler per Locker drives every heartbeat tick and lease-expiry check of its locks,
-//! from two heaps and one pending sleep, instead of a timer per lock. It knows a lock only as
-//! something [`Scheduled`] that it tells what fell due. A tick may run a little early, beside
-//! the ticks due by then, so that their extensions leave together.
+//! with one pending sleep instead of a timer per lock. It knows a lock only as something
+//! [`Scheduled`] that it tells what fell due. Entries wait in millisecond buckets (an entry due
+//! at `at` runs once the clock reads `ceil(at)`), so a million locks cost a vector push each,
+//! not a heap of millions. A tick may run a little early, beside the ticks due by then, so that
+//! their extensions leave together.
 
 use std::cell::{Cell, RefCell};
-use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 
@@ -31,38 +32,25 @@ struct Entry {
     at: f64,
     /// How much earlier than `at` it may run (ticks only).
     early: f64,
-    seq: u64,
-    due: Due,
     lock: Weak<dyn Scheduled>,
 }
 
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Entry {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.at.total_cmp(&other.at).then(self.seq.cmp(&other.seq))
-    }
-}
+/// Entries by the millisecond from which they may run (`ceil(at)`), in the order pushed.
+type Buckets = RefCell<BTreeMap<i64, Vec<Entry>>>;
 
-type Heap = RefCell<BinaryHeap<Reverse<Entry>>>;
+/// The bucket of an entry due at `at`: never before `at`. Far past or future times (a clock
+/// test's extremes) saturate.
+fn bucket(at: f64) -> i64 {
+    at.ceil() as i64
+}
 
 #[derive(Default)]
 pub(crate) struct Scheduler {
-    ticks: Heap,
-    expiries: Heap,
-    seq: Cell<u64>,
+    ticks: Buckets,
+    expiries: Buckets,
     running: Cell<bool>,
-    /// The driver's waker while it sleeps, to wake it for an earlier entry.
-    sleeper: RefCell<Option<(f64, Waker)>>,
+    /// The driver's waker while it sleeps, and the bucket it sleeps until.
+    sleeper: RefCell<Option<(i64, Waker)>>,
 }
 
 impl Scheduler {
@@ -96,25 +84,22 @@ impl Scheduler {
         due: Due,
         lock: &Rc<L>,
     ) {
-        let seq = self.seq.get() + 1;
-        self.seq.set(seq);
-        let heap = match due {
+        let key = bucket(at);
+        let buckets = match due {
             Due::Tick => &self.ticks,
             Due::Expiry => &self.expiries,
         };
-        heap.borrow_mut().push(Reverse(Entry {
+        buckets.borrow_mut().entry(key).or_default().push(Entry {
             at,
             early,
-            seq,
-            due,
             lock: Rc::downgrade(lock) as Weak<dyn Scheduled>,
-        }));
+        });
         if !self.running.replace(true) {
             rt.spawner.spawn(Box::pin(drive(self.clone(), rt.clone())));
             return;
         }
         let wake = match &*self.sleeper.borrow() {
-            Some((until, w)) if at < *until => Some(w.clone()),
+            Some((until, w)) if key < *until => Some(w.clone()),
             _ => None,
         };
         if let Some(w) = wake {
@@ -122,52 +107,82 @@ impl Scheduler {
         }
     }
 
-    /// The next entry of `heap` that may run at `now`, if any.
-    fn pop_due(heap: &Heap, now: f64) -> Option<(f64, Due, Rc<dyn Scheduled>)> {
-        let mut heap = heap.borrow_mut();
-        while let Some(Reverse(top)) = heap.peek() {
-            if top.at - top.early > now {
-                return None;
-            }
-            let Reverse(e) = heap.pop().expect("peeked");
-            if let Some(lock) = e.lock.upgrade() {
-                return Some((e.at, e.due, lock));
-            }
-        }
-        None
+    /// Takes the first bucket when it may run at `now`.
+    fn take_due(buckets: &Buckets, now: f64) -> Option<Vec<Entry>> {
+        let mut b = buckets.borrow_mut();
+        let first = b.first_entry()?;
+        (*first.key() as f64 <= now).then(|| first.remove())
     }
 
-    /// When the earliest entry is due.
-    fn next_at(&self) -> Option<f64> {
-        let head = |heap: &Heap| heap.borrow().peek().map(|Reverse(e)| e.at);
-        match (head(&self.ticks), head(&self.expiries)) {
+    /// The ticks of later buckets that may already run at `now` (their `early` allows it).
+    fn take_early_ticks(&self, now: f64) -> Vec<Entry> {
+        let mut b = self.ticks.borrow_mut();
+        let mut out = Vec::new();
+        let mut emptied = Vec::new();
+        for (&key, entries) in b.range_mut(..=bucket(now + TICK_EARLY_MS)) {
+            let mut i = 0;
+            while i < entries.len() {
+                if entries[i].at - entries[i].early <= now {
+                    out.push(entries.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            if entries.is_empty() {
+                emptied.push(key);
+            }
+        }
+        emptied.iter().for_each(|k| {
+            b.remove(k);
+        });
+        out
+    }
+
+    /// The first bucket of either kind.
+    fn next_bucket(&self) -> Option<i64> {
+        let first = |b: &Buckets| b.borrow().keys().next().copied();
+        match (first(&self.ticks), first(&self.expiries)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
 }
 
-/// The scheduler's one task: runs due entries, then sleeps until the earliest one.
+/// The most a tick may run early (see `LockInner::schedule_tick`).
+pub(crate) const TICK_EARLY_MS: f64 = 25.0;
+
+fn run(entries: Vec<Entry>, due: Due) {
+    for e in entries {
+        if let Some(lock) = e.lock.upgrade() {
+            lock.on_due(due, e.at);
+        }
+    }
+}
+
+/// The scheduler's one task: runs due entries, then sleeps until the earliest bucket.
 async fn drive(s: Rc<Scheduler>, rt: Runtime) {
     loop {
         let now = rt.clock.now();
-        while let Some((at, due, lock)) = Scheduler::pop_due(&s.expiries, now) {
-            lock.on_due(due, at);
+        while let Some(due) = Scheduler::take_due(&s.expiries, now) {
+            run(due, Due::Expiry);
         }
         // Ticks leave early only beside one that is due: a wake for an expiry check must not
         // split the ticks into small batches.
-        if s.ticks.borrow().peek().is_some_and(|Reverse(e)| e.at <= now) {
-            while let Some((at, due, lock)) = Scheduler::pop_due(&s.ticks, now) {
-                lock.on_due(due, at);
-            }
+        let mut ticked = false;
+        while let Some(due) = Scheduler::take_due(&s.ticks, now) {
+            run(due, Due::Tick);
+            ticked = true;
         }
-        let Some(next) = s.next_at() else {
+        if ticked {
+            run(s.take_early_ticks(now), Due::Tick);
+        }
+        let Some(next) = s.next_bucket() else {
             s.running.set(false);
             return;
         };
-        let wait = rt.timer.sleep(next - rt.clock.now());
+        let wait = rt.timer.sleep(next as f64 - rt.clock.now());
         let earlier = std::future::poll_fn(|cx| {
-            if s.next_at().is_some_and(|h| h < next) {
+            if s.next_bucket().is_some_and(|h| h < next) {
                 return Poll::Ready(());
             }
             *s.sleeper.borrow_mut() = Some((next, cx.waker().clone()));

@@ -296,6 +296,27 @@ impl Conn {
         }
     }
 
+    /// Sends an EVALSHA of `script` built by hand; loads the script and sends it again when
+    /// the server does not know it yet.
+    async fn evalsha<T: redis::FromRedisValue>(
+        &mut self,
+        script: &Script,
+        cmd: &redis::Cmd,
+    ) -> Result<T, RedisError> {
+        match self.query(cmd).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let load = script.prepare_invoke();
+                match self {
+                    Conn::Single(c) => load.load_async(c).await?,
+                    Conn::Cluster(c) => load.load_async(c).await?,
+                    Conn::Local(c) => load.load_async(c).await?,
+                };
+                self.query(cmd).await
+            }
+            answer => answer,
+        }
+    }
+
     async fn grant(&mut self, request: &GrantRequest) -> Result<GrantReply, RedisError> {
         match self {
             Conn::Single(c) => request.send(c).await,
@@ -943,35 +964,41 @@ impl Backend for RedisBackend {
         if self.inner.options.wait_for_replicas.is_some() || renewals.len() < 2 {
             return extend_each(self, renewals);
         }
-        // One script call over many keys; on a Cluster, one per hash slot.
-        let mut calls: Vec<(Vec<usize>, Vec<String>, Vec<String>)> = Vec::new();
-        let mut by_slot: crate::IdMap<u16, usize> = Default::default();
-        for (i, r) in renewals.iter().enumerate() {
-            let slot = if self.inner.options.cluster {
-                slot_of(r.key)
-            } else {
-                0
-            };
-            let at = *by_slot.entry(slot).or_insert_with(|| {
-                calls.push(Default::default());
-                calls.len() - 1
-            });
-            let (index, keys, args) = &mut calls[at];
-            index.push(i);
-            keys.push(r.key.to_owned());
-            args.extend([r.token.to_owned(), r.ttl.to_string()]);
+        // One script call over many keys; on a Cluster, one per hash slot. Built as one EVALSHA
+        // command: its arguments go into one buffer, not an allocation each.
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        if self.inner.options.cluster {
+            let mut by_slot: crate::IdMap<u16, usize> = Default::default();
+            for (i, r) in renewals.iter().enumerate() {
+                let at = *by_slot.entry(slot_of(r.key)).or_insert_with(|| {
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                });
+                groups[at].push(i);
+            }
+        } else {
+            groups.push((0..renewals.len()).collect());
         }
+        let script = &scripts().extend_many;
+        let calls: Vec<(Vec<usize>, redis::Cmd)> = groups
+            .into_iter()
+            .map(|index| {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(script.get_hash()).arg(index.len());
+                index.iter().for_each(|&i| {
+                    cmd.arg(renewals[i].key);
+                });
+                index.iter().for_each(|&i| {
+                    cmd.arg(renewals[i].token).arg(renewals[i].ttl);
+                });
+                (index, cmd)
+            })
+            .collect();
         let count = renewals.len();
         let op = self.with_conn(move |inner, conn| async move {
-            let sends = calls.into_iter().map(|(index, keys, args)| {
+            let sends = calls.into_iter().map(|(index, cmd)| {
                 let mut conn = conn.clone();
-                async move {
-                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                    let answer = conn
-                        .script::<Vec<i64>, _>(&scripts().extend_many, &keys, &args)
-                        .await;
-                    (index, answer)
-                }
+                async move { (index, conn.evalsha::<Vec<i64>>(script, &cmd).await) }
             });
             let mut out: Vec<Result<bool, Failure>> = vec![Ok(false); count];
             for (index, answer) in futures_util::future::join_all(sends).await {
