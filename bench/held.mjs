@@ -12,7 +12,8 @@ const [backend = 'redis', countArg, ttlArg, secondsArg] = process.argv.slice(2);
 const COUNT = Number(countArg ?? 1_000_000);
 const TTL = Number(ttlArg ?? 30_000);
 const HOLD_S = Number(secondsArg ?? 60);
-const IN_FLIGHT = 4_096;
+// Acquisitions in flight at once (HELD_IN_FLIGHT overrides it).
+const IN_FLIGHT = Number(process.env.HELD_IN_FLIGHT ?? 4_096);
 
 /** CPU seconds a process has used (utime + stime), read from /proc. */
 function cpuSeconds(pid) {
