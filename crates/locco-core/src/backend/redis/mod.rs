@@ -176,19 +176,22 @@ if v == ARGV[1] or v == ARGV[1] .. '|locco:waited' then
 end
 return 0";
 
-/// EXTEND for each key: ARGV holds a token and a ttl per key. Answers 1 or 0 per key.
+/// EXTEND for each key, all with one ttl: ARGV is the ttl, then a token per key. Answers a
+/// string with one character per key, `1` (extended) or `0`: one reply value, not one each.
 const EXTEND_MANY: &str = r"
+local ttl = ARGV[1]
 local out = {}
 for i = 1, #KEYS do
-  local token = ARGV[2 * i - 1]
+  local token = ARGV[i + 1]
   local v = redis.call('GET', KEYS[i])
   if v == token or v == token .. '|locco:waited' then
-    out[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    out[i] = '1'
   else
-    out[i] = 0
+    out[i] = '0'
   end
 end
-return out";
+return table.concat(out)";
 
 /// Our token, with a lease still running.
 const IS_HELD: &str = r"
@@ -964,20 +967,19 @@ impl Backend for RedisBackend {
         if self.inner.options.wait_for_replicas.is_some() || renewals.len() < 2 {
             return extend_each(self, renewals);
         }
-        // One script call over many keys; on a Cluster, one per hash slot. Built as one EVALSHA
-        // command: its arguments go into one buffer, not an allocation each.
+        // One script call per ttl (they differ only for locks clamped to their deadline) and,
+        // on a Cluster, per hash slot. Built as one EVALSHA command: its arguments go into one
+        // buffer, not an allocation each.
         let mut groups: Vec<Vec<usize>> = Vec::new();
-        if self.inner.options.cluster {
-            let mut by_slot: crate::IdMap<u16, usize> = Default::default();
-            for (i, r) in renewals.iter().enumerate() {
-                let at = *by_slot.entry(slot_of(r.key)).or_insert_with(|| {
-                    groups.push(Vec::new());
-                    groups.len() - 1
-                });
-                groups[at].push(i);
-            }
-        } else {
-            groups.push((0..renewals.len()).collect());
+        let mut by_group: std::collections::HashMap<(u16, u32), usize> = Default::default();
+        let cluster = self.inner.options.cluster;
+        for (i, r) in renewals.iter().enumerate() {
+            let slot = if cluster { slot_of(r.key) } else { 0 };
+            let at = *by_group.entry((slot, r.ttl)).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+            groups[at].push(i);
         }
         let script = &scripts().extend_many;
         let calls: Vec<(Vec<usize>, redis::Cmd)> = groups
@@ -988,8 +990,9 @@ impl Backend for RedisBackend {
                 index.iter().for_each(|&i| {
                     cmd.arg(renewals[i].key);
                 });
+                cmd.arg(renewals[index[0]].ttl);
                 index.iter().for_each(|&i| {
-                    cmd.arg(renewals[i].token).arg(renewals[i].ttl);
+                    cmd.arg(renewals[i].token);
                 });
                 (index, cmd)
             })
@@ -998,7 +1001,7 @@ impl Backend for RedisBackend {
         let op = self.with_conn(move |inner, conn| async move {
             let sends = calls.into_iter().map(|(index, cmd)| {
                 let mut conn = conn.clone();
-                async move { (index, conn.evalsha::<Vec<i64>>(script, &cmd).await) }
+                async move { (index, conn.evalsha::<Vec<u8>>(script, &cmd).await) }
             });
             let mut out: Vec<Result<bool, Failure>> = vec![Ok(false); count];
             for (index, answer) in futures_util::future::join_all(sends).await {
@@ -1007,7 +1010,7 @@ impl Backend for RedisBackend {
                         index
                             .iter()
                             .zip(done)
-                            .for_each(|(&i, d)| out[i] = Ok(d == 1));
+                            .for_each(|(&i, d)| out[i] = Ok(d == b'1'));
                     }
                     Ok(done) => {
                         let message = format!(
@@ -1261,7 +1264,7 @@ mod tests {
     fn the_scripts_and_peek_agree_on_the_marks() {
         assert!(QUEUE_PRELUDE.contains(&format!("local RESERVED = '{RESERVED_PREFIX}'")));
         assert!(QUEUE_PRELUDE.contains(&format!("local WAITED = '{WAITED_SUFFIX}'")));
-        for script in [RELEASE_FAST, EXTEND, IS_HELD] {
+        for script in [RELEASE_FAST, EXTEND, EXTEND_MANY, IS_HELD] {
             assert!(script.contains(&format!(".. '{WAITED_SUFFIX}'")));
         }
         // A standalone release names the queue's keys itself, as lock_keys does.
