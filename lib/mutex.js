@@ -526,9 +526,7 @@ class MutexManager {
             "processes without wait-for metadata, which this manager does not publish yet; use coordinationFailureMode: 'best-effort'",
         );
       }
-      const left = timeoutMs === undefined ? undefined : Math.max(0, timeoutMs - (Date.now() - requestTime));
-      this._tokenChain = context.id;
-      return await this._locker.acquire(key, { ttl, autoExtend, signal, retry: { timeout: left } });
+      return await this._acquireQueued(key, context, { ttl, autoExtend, signal, timeoutMs, requestTime });
     } catch (error) {
       if (error instanceof LoccoError && error.code.startsWith('MUTEX_')) throw error;
       // Out of budget is a timeout; a grant that came too late is the backend's slowness.
@@ -536,6 +534,13 @@ class MutexManager {
       if (signal?.aborted && error === signal.reason) throw new MutexAbortedError(id, signal.reason);
       throw new DistributedLockError(`could not take the distributed lock of mutex ${JSON.stringify(id)}`, error);
     }
+  }
+
+  /** A queued acquisition of `key` for `context`, within what is left of the caller's timeout. */
+  _acquireQueued(key, context, { ttl, autoExtend, signal, timeoutMs, requestTime }) {
+    const left = timeoutMs === undefined ? undefined : Math.max(0, timeoutMs - (Date.now() - requestTime));
+    this._tokenChain = context.id;
+    return this._locker.acquire(key, { ttl, autoExtend, signal, retry: { timeout: left } });
   }
 
   /** One coordination verb against the adapter's backend. */
@@ -567,13 +572,12 @@ class MutexManager {
     // The wait itself is an ordinary queued acquisition, so a nested request keeps its place in
     // the backend's queue; the cycle checks run beside it until it is granted.
     const stop = new AbortController();
-    const left = timeoutMs === undefined ? undefined : Math.max(0, timeoutMs - (Date.now() - requestTime));
-    this._tokenChain = context.id;
-    const acquiring = this._locker.acquire(key, {
+    const acquiring = this._acquireQueued(key, context, {
       ttl,
       autoExtend,
       signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal,
-      retry: { timeout: left },
+      timeoutMs,
+      requestTime,
     });
     const granted = acquiring.then((lock) => ({ lock }));
     granted.catch(() => {}); // its failure is read from `acquiring` when the loop stops early
