@@ -15,6 +15,8 @@ use crate::engine::shared::Shared;
 use crate::engine::task::{first, First};
 use crate::engine::timer::{sleep_until, sleep_until_from};
 
+pub(crate) mod holders;
+
 /// The shortest wait between attempts: one timer tick, so retries never spin.
 const MIN_WAIT_MS: f64 = 1.0;
 
@@ -631,9 +633,13 @@ impl Locker {
     pub async fn try_acquire(&self, key: &str, options: AcquireOptions) -> Result<Option<Lock>> {
         options.validate()?;
         let key = self.full_key(key)?;
+        self.try_acquire_key(key, &options).await
+    }
+
+    async fn try_acquire_key(&self, key: String, options: &AcquireOptions) -> Result<Option<Lock>> {
         let start = self.now()?;
         let token = self.token()?;
-        let ttl = first_ttl(&options);
+        let ttl = first_ttl(options);
         match self
             .attempt(&key, token, ttl, start, None, None, None)
             .await?
@@ -643,7 +649,7 @@ impl Locker {
                 sent_at,
                 fence,
             } => self
-                .won(key, token, fence, sent_at, &options, start, 1)
+                .won(key, token, fence, sent_at, options, start, 1)
                 .map(Some),
             Attempt::NoAnswer => {
                 let elapsed_ms = self.now()? - start;

@@ -1,0 +1,418 @@
+//! Locks with more than one holder, built from plain leases: a counting semaphore's permits
+//! are `limit` slot keys, and a read-write lock is one write key beside `max_readers` read
+//! slots. Every holder's lease is a lock of its own, so what a lock does (extension, loss,
+//! fencing, release) holds for a permit, a reader and a writer alike, on every backend.
+//!
+//! Read-write exclusion needs nothing from the backend but acquire and release: a reader takes
+//! a read slot and then looks whether the write key is free; a writer takes the write key and
+//! then looks whether every read slot is free. Each takes its own key before it looks at the
+//! other's, so of a reader and a writer that overlap, at least one sees the other (the
+//! backend orders their requests). The reader steps back; the writer waits, holding the write
+//! key, for the readers to leave, and no new reader gets in meanwhile: writers are preferred.
+//! A "look" is a short acquire that is given back at once, because that is the one question
+//! every backend (an adapter written in JavaScript too) can answer.
+
+use super::*;
+
+/// The largest `limit` / `maxReaders`: a writer looks at every read slot, and a full
+/// semaphore is tried slot by slot.
+pub const MAX_HOLDERS: u32 = 1024;
+/// The lease of a look at a key: it is given back as soon as the answer comes, so this only
+/// bounds how long a look of a process that died in between keeps the key.
+const LOOK_TTL_MS: u32 = 2000;
+/// The longest pause between a waiting writer's looks at the read slots.
+const DRAIN_RECHECK_MS: f64 = 100.0;
+
+/// What kind of holder an acquisition wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holders {
+    /// One of `limit` permits of a counting semaphore.
+    Permit { limit: u32 },
+    /// A reader of a read-write lock that lets up to `max_readers` read at once.
+    Read { max_readers: u32 },
+    /// The writer of a read-write lock (alone: no reader, no other writer).
+    Write { max_readers: u32 },
+}
+
+impl Holders {
+    /// Checks a count from the host: a whole number from 1 to [`MAX_HOLDERS`].
+    pub fn count(field: &str, value: f64) -> Result<u32> {
+        if value.is_finite() && value.fract() == 0.0 && (1.0..=MAX_HOLDERS as f64).contains(&value)
+        {
+            Ok(value as u32)
+        } else {
+            Err(Error::validation(
+                field,
+                format!("must be a whole number from 1 to {MAX_HOLDERS}, got {value}"),
+            ))
+        }
+    }
+}
+
+/// The key of permit `i` of the semaphore `key`.
+pub fn permit_key(key: &str, i: u32) -> String {
+    format!("{key}:permit:{i}")
+}
+/// The key of read slot `i` of the read-write lock `key`.
+pub fn read_key(key: &str, i: u32) -> String {
+    format!("{key}:read:{i}")
+}
+/// The write key of the read-write lock `key`.
+pub fn write_key(key: &str) -> String {
+    format!("{key}:write")
+}
+
+/// What a look at a key found.
+#[derive(Debug, PartialEq, Eq)]
+enum Look {
+    Free,
+    Taken,
+}
+
+/// The retry budget of one acquisition that makes several kinds of tries: counts attempts,
+/// emits `contended`, and waits before the next try; the error when the budget is spent.
+struct Turns<'a> {
+    locker: &'a Locker,
+    key: &'a str,
+    options: &'a AcquireOptions,
+    abort: Option<&'a Abort>,
+    start: f64,
+    budget_end: Option<f64>,
+    attempt: u32,
+    previous_delay: f64,
+    /// The longest pause, when shorter than the policy's delay.
+    max_pause: f64,
+    /// Wakes the wait early when the key that stood in the way is released.
+    wakeups: Option<Box<dyn Waiter>>,
+}
+
+impl<'a> Turns<'a> {
+    fn new(
+        locker: &'a Locker,
+        key: &'a str,
+        options: &'a AcquireOptions,
+        abort: Option<&'a Abort>,
+        start: f64,
+    ) -> Self {
+        Turns {
+            locker,
+            key,
+            options,
+            abort,
+            start,
+            budget_end: options.retry.timeout.map(|t| start + t),
+            attempt: 0,
+            previous_delay: 0.0,
+            max_pause: f64::INFINITY,
+            wakeups: None,
+        }
+    }
+
+    /// Starts the next try; an abort ends the acquisition.
+    fn next(&mut self) -> Result<()> {
+        if self.abort.is_some_and(Abort::is_aborted) {
+            return Err(Error::Aborted);
+        }
+        self.attempt += 1;
+        Ok(())
+    }
+
+    /// After a try that found no room: `contended`, then the wait before the next try, or
+    /// [`Error::Held`] once the retries or the time are spent.
+    async fn missed(&mut self) -> Result<()> {
+        let locker = self.locker;
+        let now = locker.now()?;
+        let elapsed_ms = now - self.start;
+        locker.emit(|| Event::Contended {
+            key: self.key,
+            ttl: self.options.ttl,
+            attempt: self.attempt,
+            elapsed_ms,
+            reason: HeldReason::Held,
+        });
+        let policy = &self.options.retry;
+        if policy.retries.is_some_and(|r| self.attempt > r) || self.out_of_time(now) {
+            return Err(self.held(now));
+        }
+        let input = DelayInput {
+            attempt: self.attempt,
+            elapsed_ms,
+            previous_delay: self.previous_delay,
+        };
+        let mut read_at = now;
+        let delay = match &policy.delay {
+            Delay::Custom(_) => match locker
+                .bounded(policy.delay.next(input), self.budget_end, self.abort)
+                .await
+            {
+                Bounded::Done(d) => {
+                    read_at = locker.now()?;
+                    d?
+                }
+                Bounded::Aborted => return Err(Error::Aborted),
+                Bounded::OutOfTime => return Err(self.held(locker.now()?)),
+            },
+            computed => computed.next(input).await?,
+        };
+        self.previous_delay = delay;
+        let wait = delay.min(self.max_pause).max(MIN_WAIT_MS);
+        let wake_at = self.budget_end.map_or(now + wait, |e| e.min(now + wait));
+        let rt = &locker.shared.rt;
+        let sleep = sleep_until_from(&*rt.clock, &*rt.timer, wake_at, read_at);
+        let woken = async {
+            match self.wakeups.as_mut() {
+                Some(w) => w.released().await,
+                None => std::future::pending().await,
+            }
+        };
+        if let First::Right(_) = first(first(sleep, woken), aborted(self.abort)).await {
+            return Err(Error::Aborted);
+        }
+        let now = locker.now()?;
+        if self.out_of_time(now) {
+            return Err(self.held(now));
+        }
+        Ok(())
+    }
+
+    fn out_of_time(&self, now: f64) -> bool {
+        self.budget_end.is_some_and(|end| now >= end)
+    }
+
+    fn held(&self, now: f64) -> Error {
+        Error::Held {
+            key: self.key.to_owned(),
+            attempts: self.attempt,
+            elapsed_ms: now - self.start,
+            reason: HeldReason::Held,
+        }
+    }
+}
+
+impl Locker {
+    /// Acquires a permit, a read or the write of `key`: a lock on one of its slot keys.
+    /// `once`: one try, `None` when there is no room; else retries within `options.retry`,
+    /// and [`Error::Held`] when the budget is spent.
+    pub async fn acquire_holder(
+        &self,
+        key: &str,
+        holders: Holders,
+        options: AcquireOptions,
+        abort: Option<Abort>,
+        once: bool,
+    ) -> Result<Option<Lock>> {
+        options.validate()?;
+        let key = self.full_key(key)?;
+        let abort = abort.as_ref();
+        let slots = |n: u32, name: fn(&str, u32) -> String| -> Result<Vec<String>> {
+            let slots: Vec<String> = (0..n).map(|i| name(&key, i)).collect();
+            validate_key(&slots[slots.len() - 1])?;
+            Ok(slots)
+        };
+        match holders {
+            Holders::Permit { limit } => {
+                let slots = slots(limit, permit_key)?;
+                self.take_a_slot(&key, &slots, None, &options, abort, once)
+                    .await
+            }
+            Holders::Read { max_readers } => {
+                let slots = slots(max_readers, read_key)?;
+                let gate = write_key(&key);
+                self.take_a_slot(&key, &slots, Some(&gate), &options, abort, once)
+                    .await
+            }
+            Holders::Write { max_readers } => {
+                let slots = slots(max_readers, read_key)?;
+                self.take_the_write(&key, &slots, &options, abort, once)
+                    .await
+            }
+        }
+    }
+
+    /// Takes one free slot of `slots` (tried from a random one on, so that holders spread),
+    /// and when `gate` is named, keeps it only if `gate` is free after it was taken.
+    async fn take_a_slot(
+        &self,
+        key: &str,
+        slots: &[String],
+        gate: Option<&str>,
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+        once: bool,
+    ) -> Result<Option<Lock>> {
+        let start = self.now()?;
+        let mut turns = Turns::new(self, key, options, abort, start);
+        if let Some(gate) = gate {
+            turns.wakeups = self.shared.backend.waiter(gate);
+        }
+        let ttl = first_ttl(options);
+        let n = slots.len();
+        loop {
+            turns.next()?;
+            let offset = rand::random_range(0..n);
+            let mut unanswered = 0;
+            for i in 0..n {
+                let slot = &slots[(offset + i) % n];
+                let sent_at = self.now()?;
+                let attempt = self
+                    .attempt(
+                        slot,
+                        self.token()?,
+                        ttl,
+                        sent_at,
+                        turns.budget_end,
+                        abort,
+                        None,
+                    )
+                    .await?;
+                let (token, sent_at, fence) = match attempt {
+                    Attempt::Won {
+                        token,
+                        sent_at,
+                        fence,
+                    } => (token, sent_at, fence),
+                    Attempt::Missed(..) => continue,
+                    Attempt::NoAnswer => {
+                        unanswered += 1;
+                        continue;
+                    }
+                };
+                if let Some(gate) = gate {
+                    let look = self.look(gate, abort).await;
+                    if !matches!(look, Ok(Look::Free)) {
+                        self.give_back_now(slot, &token);
+                        look?;
+                        break; // a writer holds or waits for the key: no slot is ours
+                    }
+                    if self.now()? >= lease_end(sent_at, ttl) {
+                        self.give_back_now(slot, &token);
+                        continue;
+                    }
+                }
+                let lock = self.won(
+                    slot.clone(),
+                    token,
+                    fence,
+                    sent_at,
+                    options,
+                    start,
+                    turns.attempt,
+                )?;
+                return Ok(Some(lock));
+            }
+            if unanswered == n {
+                let elapsed_ms = self.now()? - start;
+                return Err(self.no_answer(key, turns.attempt, elapsed_ms));
+            }
+            if once {
+                return Ok(None);
+            }
+            turns.missed().await?;
+        }
+    }
+
+    /// Takes the write key (in its fair queue, where the backend keeps one), then waits for
+    /// the read slots to empty while holding it, so that no reader gets in meanwhile.
+    async fn take_the_write(
+        &self,
+        key: &str,
+        slots: &[String],
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+        once: bool,
+    ) -> Result<Option<Lock>> {
+        let start = self.now()?;
+        let write = write_key(key);
+        validate_key(&write)?;
+        let lock = if once {
+            match self.try_acquire_key(write, options).await? {
+                Some(lock) => lock,
+                None => return Ok(None),
+            }
+        } else {
+            self.acquire_key(write, options, abort).await?
+        };
+        match self
+            .drain(key, &lock, slots, options, abort, once, start)
+            .await
+        {
+            Ok(true) => Ok(Some(lock)),
+            outcome => {
+                // Bounded by the lease, so the key is free (or its lease over) when we answer.
+                let _ = lock.release(true).await;
+                outcome.map(|_| None)
+            }
+        }
+    }
+
+    /// Waits, within the acquisition's budget, until no read slot is held. The write lease
+    /// is renewed while it waits, and renewed in full when it had to wait at all, so the
+    /// writer gets its whole ttl from the moment the readers are gone.
+    #[allow(clippy::too_many_arguments)]
+    async fn drain(
+        &self,
+        key: &str,
+        lock: &Lock,
+        slots: &[String],
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+        once: bool,
+        start: f64,
+    ) -> Result<bool> {
+        let mut turns = Turns::new(self, key, options, abort, start);
+        turns.max_pause = DRAIN_RECHECK_MS;
+        loop {
+            turns.next()?;
+            let looks =
+                futures_util::future::join_all(slots.iter().map(|s| self.look(s, abort))).await;
+            let mut readers = false;
+            for look in looks {
+                readers |= look? == Look::Taken;
+            }
+            if !readers {
+                if turns.attempt > 1 {
+                    lock.extend(options.ttl).await?;
+                }
+                return Ok(true);
+            }
+            if once {
+                return Ok(false);
+            }
+            turns.missed().await?;
+            if lock.lease_end() - self.now()? < options.ttl as f64 / 2.0 {
+                lock.extend(options.ttl).await?;
+            }
+        }
+    }
+
+    /// Whether `key` is free now: a plain acquire under a token of its own (never fenced: a
+    /// look must not move the key's fence), given back at once when it took the key.
+    async fn look(&self, key: &str, abort: Option<&Abort>) -> Result<Look> {
+        let token = random_token();
+        let mut op = GrantOp::Plain(self.shared.backend.acquire(key, &token, LOOK_TTL_MS));
+        let rt = &self.shared.rt;
+        let limit = self.now()? + LOOK_TTL_MS as f64;
+        let deadline = sleep_until(&*rt.clock, &*rt.timer, limit);
+        match first(&mut op, first(deadline, aborted(abort))).await {
+            First::Left(Ok(Grant::Won(_))) => {
+                self.give_back_now(key, &token);
+                Ok(Look::Free)
+            }
+            First::Left(Ok(Grant::Held(_))) => Ok(Look::Taken),
+            First::Left(Err(e)) => {
+                if may_have_granted(&e) {
+                    self.give_back_now(key, &token);
+                }
+                Err(naming(e, key))
+            }
+            First::Right(why) => {
+                op.abandon();
+                self.give_back_later(op, key, token);
+                match why {
+                    First::Left(()) => Err(self.no_answer(key, 1, LOOK_TTL_MS as f64)),
+                    First::Right(()) => Err(Error::Aborted),
+                }
+            }
+        }
+    }
+}

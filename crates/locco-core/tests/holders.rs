@@ -1,0 +1,334 @@
+//! Counting semaphores and read-write locks on a manual clock: room is counted, leases are each
+//! holder's own, a waiting writer keeps new readers out, and a random run of readers, writers,
+//! releases and crashes never shows a writer beside anyone.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use futures_executor::LocalPool;
+use futures_util::future::RemoteHandle;
+use futures_util::task::LocalSpawnExt;
+use locco_core::*;
+
+struct Spawner(futures_executor::LocalSpawner);
+impl Spawn for Spawner {
+    fn spawn(&self, task: LocalFuture<()>) {
+        self.0.spawn_local(task).unwrap();
+    }
+}
+
+struct Harness {
+    pool: LocalPool,
+    clock: Rc<ManualClock>,
+    locker: Locker,
+}
+
+impl Harness {
+    fn new(fencing: bool) -> Self {
+        let pool = LocalPool::new();
+        let clock = ManualClock::new(1000.0);
+        let backend = Rc::new(MemoryBackend::new(clock.clone()));
+        let rt = Runtime::system(Rc::new(Spawner(pool.spawner())))
+            .with_clock(clock.clone())
+            .with_timer(Rc::new(clock.clone()));
+        let options = LockerOptions {
+            fencing,
+            ..Default::default()
+        };
+        let locker = Locker::new(backend, rt, options).unwrap();
+        Harness {
+            pool,
+            clock,
+            locker,
+        }
+    }
+
+    fn run_to(&mut self, t: f64) {
+        while self.clock.now() < t {
+            self.pool.run_until_stalled();
+            self.clock.advance(1.0);
+        }
+        self.pool.run_until_stalled();
+    }
+
+    fn try_take(&mut self, holders: Holders, ttl: u32) -> Option<Lock> {
+        let locker = self.locker.clone();
+        self.pool.run_until(async move {
+            locker
+                .acquire_holder("r", holders, AcquireOptions::new(ttl), None, true)
+                .await
+                .unwrap()
+        })
+    }
+
+    fn spawn_take(
+        &self,
+        holders: Holders,
+        options: AcquireOptions,
+    ) -> RemoteHandle<Result<Option<Lock>>> {
+        let locker = self.locker.clone();
+        self.pool
+            .spawner()
+            .spawn_local_with_handle(async move {
+                locker
+                    .acquire_holder("r", holders, options, None, false)
+                    .await
+            })
+            .unwrap()
+    }
+
+    fn release(&mut self, lock: &Lock) -> bool {
+        let lock = lock.clone();
+        self.pool
+            .run_until(async move { lock.release(true).await.unwrap() })
+    }
+}
+
+fn patient(ttl: u32) -> AcquireOptions {
+    AcquireOptions::new(ttl).with_retry(RetryPolicy {
+        retries: None,
+        delay: Delay::Fixed(50.0),
+        timeout: Some(60_000.0),
+    })
+}
+
+const PERMITS: Holders = Holders::Permit { limit: 3 };
+const READ: Holders = Holders::Read { max_readers: 4 };
+const WRITE: Holders = Holders::Write { max_readers: 4 };
+
+#[test]
+fn a_semaphore_admits_limit_holders_each_on_its_own_slot() {
+    let mut h = Harness::new(false);
+    let held: Vec<Lock> = (0..3)
+        .map(|_| h.try_take(PERMITS, 10_000).unwrap())
+        .collect();
+    let mut keys: Vec<&str> = held.iter().map(|l| l.key()).collect();
+    keys.sort();
+    assert_eq!(keys, ["r:permit:0", "r:permit:1", "r:permit:2"]);
+    assert!(h.try_take(PERMITS, 10_000).is_none(), "a fourth permit");
+    assert!(h.release(&held[1]));
+    let again = h.try_take(PERMITS, 10_000).expect("the freed permit");
+    assert_eq!(again.key(), held[1].key());
+}
+
+#[test]
+fn a_crashed_holders_permit_frees_when_its_lease_ends_and_not_before() {
+    let mut h = Harness::new(false);
+    let _a = h.try_take(PERMITS, 10_000).unwrap();
+    let _b = h.try_take(PERMITS, 10_000).unwrap();
+    let _crashed = h.try_take(PERMITS, 2_000).unwrap(); // never released nor extended
+    let mut waiter = h.spawn_take(PERMITS, patient(10_000));
+    h.run_to(2_900.0);
+    let early = h
+        .pool
+        .run_until(futures_util::future::poll_immediate(&mut waiter));
+    assert!(
+        early.is_none(),
+        "a permit came before the crashed holder's lease ended"
+    );
+    h.run_to(3_200.0);
+    let lock = h.pool.run_until(waiter).unwrap().expect("a permit");
+    assert_eq!(lock.state(), LockState::Held);
+}
+
+#[test]
+fn readers_share_and_a_writer_is_alone() {
+    let mut h = Harness::new(true);
+    let r1 = h.try_take(READ, 10_000).unwrap();
+    let r2 = h.try_take(READ, 10_000).unwrap();
+    assert_ne!(r1.key(), r2.key());
+    assert!(
+        h.try_take(WRITE, 10_000).is_none(),
+        "a writer beside readers"
+    );
+    // The failed try left neither the write key nor a look behind.
+    assert!(h.release(&r1) && h.release(&r2));
+    let w = h
+        .try_take(WRITE, 10_000)
+        .expect("the writer, once readers left");
+    assert_eq!(w.key(), "r:write");
+    assert!(w.fence().is_some(), "a fenced Locker gives writers fences");
+    assert!(
+        h.try_take(READ, 10_000).is_none(),
+        "a reader beside the writer"
+    );
+    assert!(h.try_take(WRITE, 10_000).is_none(), "a second writer");
+    assert!(h.release(&w));
+    let w2 = h.try_take(WRITE, 10_000).unwrap();
+    assert!(w2.fence() > w.fence(), "writer fences grow");
+}
+
+#[test]
+fn a_waiting_writer_keeps_new_readers_out_and_gets_in_when_readers_leave() {
+    let mut h = Harness::new(false);
+    let reader = h.try_take(READ, 10_000).unwrap();
+    let writer = h.spawn_take(WRITE, patient(5_000));
+    h.run_to(1_500.0);
+    assert!(
+        h.try_take(READ, 10_000).is_none(),
+        "a new reader got in past a waiting writer"
+    );
+    assert!(h.release(&reader));
+    h.run_to(1_700.0);
+    let w = h.pool.run_until(writer).unwrap().expect("the writer");
+    // It waited, so its lease was renewed in full once the readers were gone.
+    assert!(
+        w.lease_end() > 1_500.0 + 5_000.0 * 0.99,
+        "{}",
+        w.lease_end()
+    );
+    assert!(h.try_take(READ, 10_000).is_none());
+}
+
+#[test]
+fn an_expired_reader_holds_a_writer_only_until_its_own_lease_ends() {
+    let mut h = Harness::new(false);
+    let _dead = h.try_take(READ, 3_000).unwrap(); // crashes: never released; its lease ends at 4000
+    let mut writer = h.spawn_take(WRITE, patient(5_000));
+    h.run_to(3_900.0);
+    let early = h
+        .pool
+        .run_until(futures_util::future::poll_immediate(&mut writer));
+    assert!(early.is_none(), "the writer got in beside a live reader");
+    h.run_to(4_200.0);
+    let w = h.pool.run_until(writer).unwrap().expect("the writer");
+    assert_eq!(w.state(), LockState::Held);
+}
+
+#[test]
+fn a_writer_waiting_longer_than_its_ttl_keeps_its_write_key() {
+    let mut h = Harness::new(false);
+    let reader = h.try_take(READ, 60_000).unwrap();
+    let mut writer = h.spawn_take(WRITE, patient(2_000));
+    h.run_to(8_000.0);
+    let pending = h
+        .pool
+        .run_until(futures_util::future::poll_immediate(&mut writer));
+    assert!(pending.is_none(), "the writer got in beside a live reader");
+    assert!(
+        h.try_take(READ, 1_000).is_none(),
+        "the waiting writer's key ran out"
+    );
+    assert!(h.release(&reader));
+    h.run_to(8_300.0);
+    let w = h.pool.run_until(writer).unwrap().expect("the writer");
+    assert_eq!(w.state(), LockState::Held);
+    assert!(w.lease_end() > 8_000.0 + 1_900.0, "{}", w.lease_end());
+}
+
+#[test]
+fn a_writer_that_cannot_drain_in_time_gives_the_write_key_back() {
+    let mut h = Harness::new(false);
+    let _reader = h.try_take(READ, 60_000).unwrap();
+    let options = AcquireOptions::new(5_000).with_retry(RetryPolicy {
+        retries: None,
+        delay: Delay::Fixed(50.0),
+        timeout: Some(500.0),
+    });
+    let writer = h.spawn_take(WRITE, options);
+    h.run_to(1_600.0);
+    match h.pool.run_until(writer) {
+        Err(Error::Held { key, .. }) => assert_eq!(key, "r"),
+        other => panic!("expected Held, got {other:?}"),
+    }
+    h.run_to(1_700.0);
+    assert!(
+        h.try_take(READ, 1_000).is_some(),
+        "the write key was left held"
+    );
+}
+
+#[test]
+fn counts_are_validated_with_the_field_named() {
+    for bad in [0.0, 1.5, 1025.0, f64::NAN] {
+        match Holders::count("limit", bad) {
+            Err(Error::Validation { field, .. }) => assert_eq!(field, "limit"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    assert_eq!(Holders::count("maxReaders", 1024.0).unwrap(), 1024);
+}
+
+/// splitmix64, seeded: the same run on every machine.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n
+    }
+}
+
+#[test]
+fn random_readers_writers_and_crashes_never_put_a_writer_beside_anyone() {
+    for seed in 0..40u64 {
+        let mut rng = Rng(seed);
+        let mut h = Harness::new(false);
+        let pending: Rc<RefCell<Vec<(bool, RemoteHandle<Result<Option<Lock>>>)>>> = Rc::default();
+        let mut held: Vec<(bool, Lock)> = Vec::new();
+        let mut grants = 0;
+        for step in 0..300 {
+            match rng.below(10) {
+                0..=3 => {
+                    let write = rng.below(3) == 0;
+                    let ttl = 200 + rng.below(2_000) as u32;
+                    let holders = if write { WRITE } else { READ };
+                    let options = AcquireOptions::new(ttl).with_retry(RetryPolicy {
+                        retries: None,
+                        delay: Delay::Fixed(10.0 + rng.below(90) as f64),
+                        timeout: Some(rng.below(3_000) as f64),
+                    });
+                    pending
+                        .borrow_mut()
+                        .push((write, h.spawn_take(holders, options)));
+                }
+                4..=5 if !held.is_empty() => {
+                    let (_, lock) = held.remove(rng.below(held.len() as u64) as usize);
+                    let _ = h.release(&lock);
+                }
+                6 if !held.is_empty() => {
+                    // A crash: the holder vanishes, its lease runs out on its own.
+                    held.remove(rng.below(held.len() as u64) as usize);
+                }
+                _ => {
+                    let to = h.clock.now() + rng.below(300) as f64;
+                    h.run_to(to);
+                }
+            }
+            let mut still = Vec::new();
+            for (write, task) in pending.borrow_mut().drain(..) {
+                let mut task = task;
+                match h
+                    .pool
+                    .run_until(futures_util::future::poll_immediate(&mut task))
+                {
+                    Some(Ok(Some(lock))) => {
+                        grants += 1;
+                        held.push((write, lock));
+                    }
+                    Some(Ok(None)) => unreachable!("a waiting acquisition answers a lock"),
+                    Some(Err(_)) => {}
+                    None => still.push((write, task)),
+                }
+            }
+            *pending.borrow_mut() = still;
+            let live: Vec<bool> = held
+                .iter()
+                .filter(|(_, l)| l.state() == LockState::Held)
+                .map(|(w, _)| *w)
+                .collect();
+            let writers = live.iter().filter(|w| **w).count();
+            assert!(
+                writers == 0 || live.len() == 1,
+                "seed {seed} step {step}: {writers} writer(s) among {} live holders",
+                live.len()
+            );
+        }
+        assert!(
+            grants > 20,
+            "seed {seed}: only {grants} grants: the run tests little"
+        );
+    }
+}
