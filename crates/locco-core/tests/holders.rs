@@ -2,7 +2,6 @@
 //! holder's own, a waiting writer keeps new readers out, and a random run of readers, writers,
 //! releases and crashes never shows a writer beside anyone.
 
-use std::cell::RefCell;
 use std::rc::Rc;
 
 use futures_executor::LocalPool;
@@ -266,7 +265,8 @@ fn random_readers_writers_and_crashes_never_put_a_writer_beside_anyone() {
     for seed in 0..40u64 {
         let mut rng = Rng(seed);
         let mut h = Harness::new(false);
-        let pending: Rc<RefCell<Vec<(bool, RemoteHandle<Result<Option<Lock>>>)>>> = Rc::default();
+        type Pending = Vec<(bool, RemoteHandle<Result<Option<Lock>>>)>;
+        let mut pending: Pending = Vec::new();
         let mut held: Vec<(bool, Lock)> = Vec::new();
         let mut grants = 0;
         for step in 0..300 {
@@ -280,9 +280,7 @@ fn random_readers_writers_and_crashes_never_put_a_writer_beside_anyone() {
                         delay: Delay::Fixed(10.0 + rng.below(90) as f64),
                         timeout: Some(rng.below(3_000) as f64),
                     });
-                    pending
-                        .borrow_mut()
-                        .push((write, h.spawn_take(holders, options)));
+                    pending.push((write, h.spawn_take(holders, options)));
                 }
                 4..=5 if !held.is_empty() => {
                     let (_, lock) = held.remove(rng.below(held.len() as u64) as usize);
@@ -298,7 +296,7 @@ fn random_readers_writers_and_crashes_never_put_a_writer_beside_anyone() {
                 }
             }
             let mut still = Vec::new();
-            for (write, task) in pending.borrow_mut().drain(..) {
+            for (write, task) in pending.drain(..) {
                 let mut task = task;
                 match h
                     .pool
@@ -313,7 +311,7 @@ fn random_readers_writers_and_crashes_never_put_a_writer_beside_anyone() {
                     None => still.push((write, task)),
                 }
             }
-            *pending.borrow_mut() = still;
+            pending = still;
             let live: Vec<bool> = held
                 .iter()
                 .filter(|(_, l)| l.state() == LockState::Held)
