@@ -29,6 +29,8 @@ const LOCKER_OPTIONS = ['adapter', 'retry', 'keyPrefix', 'onEvent', 'now', 'toke
 const RETRY_OPTIONS = ['retries', 'delay', 'timeout'];
 const ACQUIRE_OPTIONS = ['ttl', 'retry', 'signal', 'autoExtend'];
 const TRY_ACQUIRE_OPTIONS = ['ttl', 'autoExtend'];
+/** Read slots of a read-write lock unless `maxReaders` says otherwise: each is one look per writer. */
+const DEFAULT_MAX_READERS = 32;
 const AUTO_EXTEND_OPTIONS = ['interval', 'maxHold', 'maxEventLoopLag'];
 const BACKOFF_OPTIONS = ['base', 'max', 'factor', 'jitter'];
 
@@ -419,6 +421,61 @@ class Locker {
       if (typeof r === 'number') return Promise.resolve(this._lock(r, key, options));
       if (r === null) return Promise.resolve(null);
       return r.then((id) => (id === null ? null : this._lock(id, key, options)));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /**
+   * A permit of the counting semaphore `key`: at most `options.limit` holders at once, each
+   * with a lease of its own on one of `limit` slot keys (`<key>:permit:<i>`).
+   */
+  acquirePermit(key, options) {
+    return this._holder(0, false, key, options);
+  }
+
+  /** One try for a permit: the Lock, or null when all `limit` permits are held. */
+  tryAcquirePermit(key, options) {
+    return this._holder(0, true, key, options);
+  }
+
+  /** A read of the read-write lock `key`: readers share it, a writer waits for them to leave. */
+  acquireRead(key, options) {
+    return this._holder(1, false, key, options);
+  }
+
+  /** One try for a read: the Lock, or null when a writer holds or waits for `key`. */
+  tryAcquireRead(key, options) {
+    return this._holder(1, true, key, options);
+  }
+
+  /** The write of the read-write lock `key`: alone, once the readers have left. */
+  acquireWrite(key, options) {
+    return this._holder(2, false, key, options);
+  }
+
+  /** One try for the write: the Lock, or null when a reader or writer holds `key`. */
+  tryAcquireWrite(key, options) {
+    return this._holder(2, true, key, options);
+  }
+
+  /** kind 0 a permit (count = limit), 1 a read, 2 the write (count = maxReaders). */
+  _holder(kind, once, key, options) {
+    try {
+      if (typeof key !== 'string') throw validation('key', `must be a string, got ${typeof key}`);
+      if (!isObject(options)) throw validation('options', 'must be an object with a ttl');
+      const field = kind === 0 ? 'limit' : 'maxReaders';
+      const { [field]: count = kind === 0 ? undefined : DEFAULT_MAX_READERS, ...rest } = options;
+      if (count === undefined) throw validation('limit', 'is required: how many holders the semaphore admits at once');
+      if (typeof count !== 'number') throw validation(field, `must be a number, got ${typeof count}`);
+      const spec = this._spec(rest, once);
+      const start = (abortId) => {
+        const opId = nextOpId();
+        spec.abortId = abortId;
+        return answer(native.acquireHolder(this._id, kind, count, once, key, spec, opId), opId, undefined, 'acquire', this._prefix + key);
+      };
+      const r = rest.signal === undefined ? start(undefined) : this._withSignal(rest.signal, start);
+      return Promise.resolve(r).then((id) => (id === null ? null : this._lock(id, undefined, options)));
     } catch (error) {
       return Promise.reject(error);
     }

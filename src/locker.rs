@@ -3,8 +3,8 @@
 use std::rc::Rc;
 
 use locco_core::{
-    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Error, Lock, LockState, Locker,
-    LockerOptions, RetryOverrides, Runtime,
+    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Error, Holders, Lock, LockState,
+    Locker, LockerOptions, RetryOverrides, Runtime,
 };
 use napi::bindgen_prelude::Either;
 use napi_derive::napi;
@@ -220,6 +220,56 @@ pub fn acquire(
     };
     let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&(id as u64)).cloned()));
     start_acquire(locker_id, locker, mode, keys, options, abort, op_id)
+}
+
+/// Acquires a permit (`kind` 0, `count` = the limit), a read (1) or the write (2) of a
+/// read-write lock (`count` = maxReaders). `once`: one try, null when there is no room.
+/// Answers a lock id or null.
+#[napi(catch_unwind)]
+pub fn acquire_holder(
+    locker_id: f64,
+    kind: u32,
+    count: f64,
+    once: bool,
+    key: Key,
+    spec: AcquireSpec,
+    op_id: f64,
+) -> Raw {
+    let AcquireSpec {
+        ttl,
+        retry,
+        auto_extend,
+        abort_id,
+    } = spec;
+    let layer = retry_layer(retry);
+    let prepared = layer.and_then(|layer| {
+        let locker = locker(locker_id)?;
+        let key = key.get("key")?;
+        let holders = match kind {
+            0 => Holders::Permit {
+                limit: Holders::count("limit", count)?,
+            },
+            1 => Holders::Read {
+                max_readers: Holders::count("maxReaders", count)?,
+            },
+            _ => Holders::Write {
+                max_readers: Holders::count("maxReaders", count)?,
+            },
+        };
+        let options = acquire_options(&locker, ttl, &layer, auto_extend)?;
+        Ok((locker, key, holders, options))
+    });
+    let (locker, key, holders, options) = match prepared {
+        Ok(p) => p,
+        Err(e) => return ops::fail(e),
+    };
+    let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&(id as u64)).cloned()));
+    ops::run(op_id, async move {
+        let lock = locker
+            .acquire_holder(&key, holders, options, abort, once)
+            .await?;
+        Ok(lock.map_or(Answer::Null, |l| Answer::Number(keep(locker_id, l))))
+    })
 }
 
 /// `acquire` with only a ttl: the Locker's retry policy, no heartbeat, no signal. The common

@@ -20,6 +20,9 @@ pub const MAX_HOLDERS: u32 = 1024;
 /// The lease of a look at a key: it is given back as soon as the answer comes, so this only
 /// bounds how long a look of a process that died in between keeps the key.
 const LOOK_TTL_MS: u32 = 2000;
+/// How many read slots a writer looks at together: a few requests in flight at once, not one
+/// per slot, since a look may need a connection of its own (PostgreSQL's advisory mode).
+const LOOKS_AT_ONCE: usize = 4;
 /// The longest pause between a waiting writer's looks at the read slots.
 const DRAIN_RECHECK_MS: f64 = 100.0;
 
@@ -361,13 +364,24 @@ impl Locker {
     ) -> Result<bool> {
         let mut turns = Turns::new(self, key, options, abort, start);
         turns.max_pause = DRAIN_RECHECK_MS;
+        // Where the last look found a reader: most likely still there, so looked at first.
+        let mut from = 0;
         loop {
             turns.next()?;
-            let looks =
-                futures_util::future::join_all(slots.iter().map(|s| self.look(s, abort))).await;
             let mut readers = false;
-            for look in looks {
-                readers |= look? == Look::Taken;
+            let order: Vec<usize> = (0..slots.len()).map(|i| (from + i) % slots.len()).collect();
+            for chunk in order.chunks(LOOKS_AT_ONCE) {
+                let looks = chunk.iter().map(|&i| self.look(&slots[i], abort));
+                let looks = futures_util::future::join_all(looks).await;
+                for (&i, look) in chunk.iter().zip(looks) {
+                    if look? == Look::Taken && !readers {
+                        readers = true;
+                        from = i;
+                    }
+                }
+                if readers {
+                    break;
+                }
             }
             if !readers {
                 if turns.attempt > 1 {
