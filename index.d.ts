@@ -110,6 +110,32 @@ export interface TryAcquireOptions {
   autoExtend?: AutoExtendOptions;
 }
 
+/** Options of acquirePermit: an acquisition's options plus the semaphore's size. */
+export interface PermitOptions extends AcquireOptions {
+  /**
+   * How many holders the semaphore admits at once: a whole number from 1 to 1024. Every
+   * holder of one key must pass the same limit.
+   */
+  limit: number;
+}
+
+export interface TryPermitOptions extends TryAcquireOptions {
+  limit: number;
+}
+
+/** Options of acquireRead / acquireWrite. */
+export interface ReadWriteOptions extends AcquireOptions {
+  /**
+   * How many readers may hold the lock at once (default 32, at most 1024). Every holder of
+   * one key must pass the same value: a writer looks at that many read slots.
+   */
+  maxReaders?: number;
+}
+
+export interface TryReadWriteOptions extends TryAcquireOptions {
+  maxReaders?: number;
+}
+
 export type LostReason =
   | 'extend'
   | 'extend-failed'
@@ -254,6 +280,49 @@ export declare class Locker {
    * ```
    */
   acquireMany(keys: readonly string[], options: AcquireOptions): Promise<LockSet>;
+  /**
+   * A permit of the counting semaphore `key`: at most `limit` holders at once. Each permit is
+   * a lease of its own on one of `limit` slot keys (`lock.key` is `<key>:permit:<i>`), so a
+   * holder that dies frees its permit when its own lease ends. Waiters poll (`retry`): the
+   * order in which they get permits is not first come, first served.
+   *
+   * @example
+   * ```ts
+   * await using permit = await locker.acquirePermit('pdf-render', { limit: 4, ttl: 60_000 });
+   * await render(job, { signal: permit.signal });
+   * ```
+   */
+  acquirePermit(key: string, options: PermitOptions): Promise<Lock>;
+  /** One try for a permit: the lock, or null when all `limit` permits are held. */
+  tryAcquirePermit(key: string, options: TryPermitOptions): Promise<Lock | null>;
+  /**
+   * A read of the read-write lock `key`: any number of readers (up to `maxReaders`) at once,
+   * never beside a writer. Each reader's lease is its own (`lock.key` is `<key>:read:<i>`).
+   * Writers are preferred: while a writer waits, new readers wait too.
+   *
+   * @example
+   * ```ts
+   * await using read = await locker.acquireRead('catalog', { ttl: 10_000 });
+   * const prices = await loadPrices();
+   * ```
+   */
+  acquireRead(key: string, options: ReadWriteOptions): Promise<Lock>;
+  /** One try for a read: the lock, or null when a writer holds or waits for `key`. */
+  tryAcquireRead(key: string, options: TryReadWriteOptions): Promise<Lock | null>;
+  /**
+   * The write of the read-write lock `key`: alone, with no reader and no other writer. It
+   * takes `<key>:write` first (so new readers stay out), then waits within the same retry
+   * budget for the readers to leave. With `fencing: true` its fence orders the writes.
+   *
+   * @example
+   * ```ts
+   * await using write = await locker.acquireWrite('catalog', { ttl: 10_000, retry: { timeout: 5_000 } });
+   * await savePrices(prices, { fence: write.fence });
+   * ```
+   */
+  acquireWrite(key: string, options: ReadWriteOptions): Promise<Lock>;
+  /** One try for the write: the lock, or null when a reader or another writer holds `key`. */
+  tryAcquireWrite(key: string, options: TryReadWriteOptions): Promise<Lock | null>;
   /**
    * Releases every lock this Locker still holds (their heartbeats end with them) and frees it.
    * Acquisitions afterwards reject with LockStateError. Calling it again is harmless.

@@ -15,6 +15,8 @@ import {
   type LockAdapter,
   type LockEvent,
   type LostReason,
+  type PermitOptions,
+  type ReadWriteOptions,
   type RetryOptions,
 } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
@@ -58,6 +60,18 @@ export async function use(): Promise<number> {
   const signal: AbortSignal = lock.signal;
   const maybe: Lock | null = await locker.tryAcquire('t', { ttl: 100 });
   await using set: LockSet = await locker.acquireMany(['a', 'b'], { ttl: 1000 });
+  await using permit: Lock = await locker.acquirePermit('p', { limit: 3, ttl: 1000, retry: { timeout: 500 } });
+  const spare: Lock | null = await locker.tryAcquirePermit('p', { limit: 3, ttl: 1000 });
+  await using reading: Lock = await locker.acquireRead('rw', { ttl: 1000, maxReaders: 8 });
+  const writing: Lock | null = await locker.tryAcquireWrite('rw', { ttl: 1000 });
+  const readOptions: ReadWriteOptions = { ttl: 1000 };
+  const permitOptions: PermitOptions = { ttl: 1000, limit: 2, signal };
+  await locker.acquireWrite('rw', readOptions);
+  console.log(spare?.key, writing?.fence, permitOptions.limit);
+  // @ts-expect-error a permit needs its limit
+  await locker.acquirePermit('p', { ttl: 1000 });
+  // @ts-expect-error a try takes no retry
+  await locker.tryAcquireRead('rw', { ttl: 1000, retry: { retries: 1 } });
   const n = await locker.withLock('w', { ttl: 1000 }, async (l) => l.heldMs);
   try {
     await locker.acquire('x', { ttl: 1, signal });
