@@ -233,7 +233,20 @@ const hub = {
   forgetError(id) {
     foreign.delete(id);
   },
+  // The executor used up its turn (a storm of renewals): the rest runs after the event loop's
+  // other work. Referenced, since an unreferenced immediate lets the loop sleep in its wait
+  // for I/O first; it keeps a process alive only for as long as that work lasts.
+  resume() {
+    if (resumeQueued) return;
+    resumeQueued = true;
+    setImmediate(resumeEngine);
+  },
 };
+let resumeQueued = false;
+function resumeEngine() {
+  resumeQueued = false;
+  native.runPending();
+}
 
 // Where `fast.lockEnd` writes a forgotten lock's held time, fence and ttl.
 const endValues = new Float64Array(3);

@@ -16,11 +16,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
+use std::time::{Duration, Instant};
 
 use locco_core::{IdMap, LocalFuture};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 
 type WakeFn = ThreadsafeFunction<(), (), (), napi::Status, false, true>;
+
+/// The longest one drain polls before it lets the event loop run.
+const DRAIN_BUDGET: Duration = Duration::from_millis(4);
 
 /// The part of the executor other threads may touch.
 pub struct Remote {
@@ -54,8 +58,15 @@ impl Wake for TaskWaker {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(self.id);
-        if !self.remote.scheduled.swap(true, Ordering::AcqRel) {
-            if let Some(wake) = self.remote.wake.get() {
+        self.remote.schedule();
+    }
+}
+
+impl Remote {
+    /// Asks the event loop for a drain in a later turn, unless one is asked for already.
+    fn schedule(&self) {
+        if !self.scheduled.swap(true, Ordering::AcqRel) {
+            if let Some(wake) = self.wake.get() {
                 wake.call((), ThreadsafeFunctionCallMode::NonBlocking);
             }
         }
@@ -67,6 +78,8 @@ pub struct Executor {
     ready: RefCell<VecDeque<u64>>,
     next_id: Cell<u64>,
     draining: Cell<bool>,
+    /// A drain ran out of its budget and asked for `drain_later`: wakes wait for it.
+    behind: Cell<bool>,
     /// Set by `teardown`: nothing runs or is kept from then on.
     closed: Cell<bool>,
     remote: Arc<Remote>,
@@ -81,6 +94,7 @@ thread_local! {
         ready: RefCell::default(),
         next_id: Cell::new(1),
         draining: Cell::new(false),
+        behind: Cell::new(false),
         closed: Cell::new(false),
         remote: Arc::new(Remote {
             owner: std::thread::current().id(),
@@ -163,13 +177,24 @@ impl Executor {
         }
     }
 
-    /// Polls every woken task until none is left. Re-entrant calls return at once: the outer
-    /// loop picks up what they would have run.
+    /// Polls every woken task until none is left, or until the turn's budget is spent: then
+    /// the rest runs after the event loop's other work (`drain_later`), so that a storm of due
+    /// work (a million renewals) never keeps JavaScript waiting for long. Re-entrant calls
+    /// return at once: the outer loop picks up what they would have run.
     pub fn drain(&self) {
         if self.draining.replace(true) {
             return;
         }
+        let started = Instant::now();
         loop {
+            if !self.ready.borrow().is_empty() && started.elapsed() >= DRAIN_BUDGET {
+                // Through setImmediate, not the threadsafe function: Node runs the queued
+                // calls of that one in a single turn, which would not let the loop run.
+                if crate::hub::call(crate::hub::Fn_::Resume, &[]).is_ok() {
+                    self.behind.set(true);
+                    break;
+                }
+            }
             // Other threads set `scheduled` after queueing, so the lock is taken only when
             // something is there (a push racing this check triggers another drain).
             if self.remote.scheduled.load(Ordering::Acquire) {
@@ -197,6 +222,26 @@ pub fn spawn(fut: LocalFuture<()>) {
 
 pub fn drain() {
     EXECUTOR.with(|e| e.drain());
+}
+
+/// The drain for a wake from another thread. While a drain that ran out of budget waits for
+/// `drain_later`, it leaves the work to that one: Node runs the threadsafe function's queued
+/// calls in one turn, and each would spend a budget of its own. (A drain after a call from
+/// JavaScript still runs: it is how the engine keeps up while JavaScript is busy.)
+pub fn drain_on_wake() {
+    EXECUTOR.with(|e| {
+        if !e.behind.get() {
+            e.drain()
+        }
+    });
+}
+
+/// The drain a drain that ran out of budget asked for, a turn of the event loop later.
+pub fn drain_later() {
+    EXECUTOR.with(|e| {
+        e.behind.set(false);
+        e.drain()
+    });
 }
 
 pub fn teardown() {

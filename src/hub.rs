@@ -31,9 +31,11 @@ pub enum Fn_ {
     ForgetError,
     /// `warn(code, text)`: a warning for the process (emitted on the next tick).
     Warn,
+    /// `resume()`: runs the executor's remaining work after this turn of the event loop.
+    Resume,
 }
 
-const COUNT: usize = 10;
+const COUNT: usize = 11;
 
 /// The ids a facade makes (operations, clocks, thrown values) start at `realm * REALM_SPAN`,
 /// so that two loads of the facade in one environment (a cleared require cache, a test

@@ -45,6 +45,7 @@ pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unkno
         "makeError",
         "forgetError",
         "warn",
+        "resume",
     ];
     let mut fns = Vec::with_capacity(names.len());
     for name in names {
@@ -56,7 +57,7 @@ pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unkno
         .build_threadsafe_function::<()>()
         .weak::<true>()
         .build_callback(|_ctx| {
-            executor::drain();
+            executor::drain_on_wake();
             Ok(())
         })?;
     executor::EXECUTOR.with(|e| e.set_wake(tsfn));
@@ -89,10 +90,10 @@ pub fn take_released() -> Vec<f64> {
     host::take_released()
 }
 
-/// Runs tasks woken on other threads.
+/// Runs the executor's work left over by a drain that used up its budget (`resume`).
 #[napi(catch_unwind)]
 pub fn run_pending() {
-    executor::drain();
+    executor::drain_later();
 }
 
 /// Panics inside the engine's executor, to prove a panic surfaces as an error.

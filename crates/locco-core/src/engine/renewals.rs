@@ -4,15 +4,13 @@
 //! lease counts from when the chunk left.
 
 use std::cell::RefCell;
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll};
 
 use crate::backend::Renewal;
 use crate::engine::clock::checked_now;
 use crate::engine::error::Error;
 use crate::engine::lock::{begin_extend, finish_extend, LockInner, LockState};
+use crate::engine::task::yield_now;
 
 /// Renewals per backend operation: large enough that 1,000,000 locks need few operations,
 /// small enough that one answer stays well under a millisecond to apply.
@@ -36,12 +34,16 @@ impl Renewals {
         if first {
             let spawner = lock.shared.rt.spawner.clone();
             spawner.spawn(Box::pin(async move {
-                YieldOnce(false).await;
+                yield_now().await;
                 let due = std::mem::take(&mut *lock.shared.renewals.due.borrow_mut());
                 let mut due = due.into_iter().peekable();
                 while due.peek().is_some() {
                     let chunk: Vec<_> = due.by_ref().take(CHUNK).collect();
                     lock.shared.rt.spawner.spawn(Box::pin(send(chunk)));
+                    // One chunk per poll: a million renewals must not hold up the host's loop.
+                    if due.peek().is_some() {
+                        yield_now().await;
+                    }
                 }
             }));
         }
@@ -97,21 +99,5 @@ async fn send(locks: Vec<Rc<LockInner>>) {
     let now = shared.rt.clock.now();
     for ((lock, ttl), answer) in sent.iter().zip(answers) {
         let _ = finish_extend(lock, *ttl, sent_at, now, Some(answer), true);
-    }
-}
-
-/// Returns `Pending` once, after waking itself: the task runs again after everything already
-/// woken in this turn (the scheduler's other due ticks).
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            return Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
     }
 }

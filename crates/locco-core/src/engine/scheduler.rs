@@ -11,7 +11,7 @@ use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 
 use crate::engine::runtime::Runtime;
-use crate::engine::task::first;
+use crate::engine::task::{first, yield_now};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Due {
@@ -151,10 +151,21 @@ impl Scheduler {
 /// The most a tick may run early (see `LockInner::schedule_tick`).
 pub(crate) const TICK_EARLY_MS: f64 = 25.0;
 
-fn run(entries: Vec<Entry>, due: Due) {
-    for e in entries {
-        if let Some(lock) = e.lock.upgrade() {
-            lock.on_due(due, e.at);
+/// Entries run in one poll of the scheduler's task.
+const RUN_CHUNK: usize = 1000;
+
+/// Runs due entries, yielding after every [`RUN_CHUNK`] of them: a million ticks due at once must
+/// not hold up the host's loop for one long poll.
+async fn run(entries: Vec<Entry>, due: Due) {
+    let mut entries = entries.into_iter().peekable();
+    while entries.peek().is_some() {
+        for e in entries.by_ref().take(RUN_CHUNK) {
+            if let Some(lock) = e.lock.upgrade() {
+                lock.on_due(due, e.at);
+            }
+        }
+        if entries.peek().is_some() {
+            yield_now().await;
         }
     }
 }
@@ -164,17 +175,17 @@ async fn drive(s: Rc<Scheduler>, rt: Runtime) {
     loop {
         let now = rt.clock.now();
         while let Some(due) = Scheduler::take_due(&s.expiries, now) {
-            run(due, Due::Expiry);
+            run(due, Due::Expiry).await;
         }
         // Ticks leave early only beside one that is due: a wake for an expiry check must not
         // split the ticks into small batches.
         let mut ticked = false;
         while let Some(due) = Scheduler::take_due(&s.ticks, now) {
-            run(due, Due::Tick);
+            run(due, Due::Tick).await;
             ticked = true;
         }
         if ticked {
-            run(s.take_early_ticks(now), Due::Tick);
+            run(s.take_early_ticks(now), Due::Tick).await;
         }
         let Some(next) = s.next_bucket() else {
             s.running.set(false);

@@ -1,9 +1,10 @@
 //! Work on the engine's thread: the future type it runs, how a host runs background tasks,
-//! and [`first`], the race of two futures that every deadline and abort is built on.
+//! [`first`], the race of two futures that every deadline and abort is built on, and
+//! [`yield_now`], how long work lets the rest of the turn (and the host's loop) run.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 pub type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
 
@@ -34,4 +35,24 @@ pub(crate) async fn first<A: Future, B: Future>(a: A, b: B) -> First<A::Output, 
         Poll::Pending
     })
     .await
+}
+
+/// Returns `Pending` once, after waking itself: the task goes on after everything already
+/// woken (and, when the host's executor has used up its turn, after the host's event loop).
+pub(crate) fn yield_now() -> impl Future<Output = ()> {
+    YieldOnce(false)
+}
+
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
 }
