@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { MongoClient } from 'mongodb';
 
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { EtcdAdapter } from 'locco-rs/etcd';
@@ -262,21 +263,24 @@ describe('checkSafety on MongoDB', () => {
   it('finds nothing unsafe once the indexes exist, and flags a collection without them', async () => {
     const good = new MongoAdapter({ url: mongo.url, dbName: 'doctor' });
     const bare = new MongoAdapter({ url: mongo.url, dbName: 'doctor', collectionName: 'bare', createIndexes: false });
-    const setup = new MongoAdapter({ url: mongo.url, dbName: 'doctor', collectionName: 'bare' });
+    const client = new MongoClient(mongo.url);
     try {
       await good.acquire({ key: 'doctor', token: 't', ttl: 1000 });
       const findings = await good.checkSafety(SAMPLE);
       assertShape(findings);
       assert.deepEqual(ids(findings, 'unsafe'), [], shown(findings));
       assert.equal(findings.find((f) => f.id === 'mongo.unique-index'), undefined, shown(findings));
-      // A collection that exists without the indexes: made by a write that skipped them.
-      await bare.acquire({ key: 'doctor', token: 't', ttl: 1000 }).catch(() => {});
+      assert.equal(findings.find((f) => f.id === 'mongo.ttl-index'), undefined, shown(findings));
+      // Not there at all: every operation would fail (createIndexes is off).
+      const absent = await bare.checkSafety({ clockSampleMs: 0 });
+      assert.equal(absent.find((f) => f.id === 'mongo.indexes')?.severity, 'warning', shown(absent));
+      // There, made by someone else without the indexes.
+      await client.db('doctor').collection('bare').insertOne({ key: 'other', token: 'x' });
       const noIndexes = await bare.checkSafety({ clockSampleMs: 0 });
-      const missing = noIndexes.find((f) => f.id === 'mongo.unique-index' || f.id === 'mongo.indexes');
-      assert.ok(missing, shown(noIndexes));
-      assert.notEqual(missing.severity, 'info', shown(noIndexes));
+      assert.equal(noIndexes.find((f) => f.id === 'mongo.unique-index')?.severity, 'unsafe', shown(noIndexes));
+      assert.equal(noIndexes.find((f) => f.id === 'mongo.ttl-index')?.severity, 'warning', shown(noIndexes));
     } finally {
-      await Promise.all([good.close(), bare.close(), setup.close()]);
+      await Promise.all([good.close(), bare.close(), client.close()]);
     }
   });
 
