@@ -1,6 +1,8 @@
 //! `check_safety` for Redis: eviction, persistence, replicas against `waitForReplicas`, a
 //! Cluster's slots, and the clock (`TIME`). Reads only; a refused command is an info finding.
 
+use std::sync::Arc;
+
 use super::{Conn, Inner, RedisBackend};
 use crate::backend::io::Failure;
 use crate::backend::safety::{check_clock, Finding, SafetyOptions, Severity};
@@ -10,23 +12,100 @@ impl RedisBackend {
     /// Checks the server against what the locks rely on (see [`crate::safety`]).
     pub fn check_safety(&self, options: SafetyOptions) -> Op<Vec<Finding>> {
         self.run(move |inner| async move {
-            let mut conn = inner.conn().await?;
-            let mut found = Vec::new();
-            config_findings(&inner, &mut conn, &mut found).await;
-            replica_findings(&inner, &mut conn, &mut found).await;
             if inner.options.cluster {
-                cluster_findings(&mut conn, &mut found).await;
+                return check_cluster(&inner, &options).await;
             }
-            let clock = check_clock("Redis", "TIME", 0.001, &options, || {
-                let mut conn = conn.clone();
-                let inner = inner.clone();
-                async move { server_time(&inner, &mut conn).await }
-            })
-            .await;
-            found.push(clock);
-            Ok(found)
+            let conn = inner.conn().await?;
+            Ok(check_node(&inner, conn, &options).await)
         })
     }
+}
+
+/// The checks of one server: its settings, its replicas (standalone), its Cluster state
+/// (a Cluster node), and the clock.
+async fn check_node(inner: &Arc<Inner>, mut conn: Conn, options: &SafetyOptions) -> Vec<Finding> {
+    let mut found = Vec::new();
+    config_findings(inner, &mut conn, &mut found).await;
+    if inner.options.cluster {
+        cluster_findings(&mut conn, &mut found).await;
+    } else {
+        replica_findings(inner, &mut conn, &mut found).await;
+    }
+    let clock = check_clock("Redis", "TIME", 0.001, options, || {
+        let mut conn = conn.clone();
+        let inner = inner.clone();
+        async move { server_time(&inner, &mut conn).await }
+    })
+    .await;
+    found.push(clock);
+    found
+}
+
+/// A Cluster is checked node by node, over a plain connection to each seed: a Cluster client
+/// routes CONFIG and CLUSTER INFO by its own rules, and cannot connect at all to a Cluster
+/// without slots, which is what most needs saying. A finding several nodes share is kept
+/// once, naming how many.
+async fn check_cluster(
+    inner: &Arc<Inner>,
+    options: &SafetyOptions,
+) -> Result<Vec<Finding>, Failure> {
+    let mut per_node: Vec<Vec<Finding>> = Vec::new();
+    let mut last_failure = None;
+    let timeout = std::time::Duration::from_millis(inner.options.connect_timeout_ms);
+    for client in inner.pubsub_clients() {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(std::time::Duration::from_millis(
+                inner.options.command_timeout_ms,
+            )));
+        match client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+        {
+            Ok(c) => per_node.push(check_node(inner, Conn::Local(c), options).await),
+            Err(e) => last_failure = Some(inner.failure(e)),
+        }
+    }
+    if per_node.is_empty() {
+        return Err(last_failure.unwrap_or_else(|| {
+            Failure::new(
+                "redis",
+                crate::BackendErrorKind::Config,
+                "no seed URL of the Cluster could be opened",
+            )
+        }));
+    }
+    let nodes = per_node.len();
+    let mut merged: Vec<(Finding, usize)> = Vec::new();
+    for f in per_node.into_iter().flatten() {
+        // Clock readings differ a little from node to node: keep the worst one.
+        let same = merged
+            .iter_mut()
+            .find(|(m, _)| m.id == f.id && (m.message == f.message || f.id == "clock.rate"));
+        match same {
+            Some((m, n)) => {
+                *n += 1;
+                if f.severity > m.severity {
+                    *m = f;
+                }
+            }
+            None => merged.push((f, 1)),
+        }
+    }
+    let mut out: Vec<Finding> = merged
+        .into_iter()
+        .map(|(mut f, n)| {
+            if nodes > 1 && f.id != "clock.rate" {
+                f.message = format!("{} (on {n} of {nodes} nodes checked)", f.message);
+            }
+            f
+        })
+        .collect();
+    if let Some(at) = out.iter().position(|f| f.id == "clock.rate") {
+        let clock = out.remove(at);
+        out.push(clock);
+    }
+    Ok(out)
 }
 
 async fn server_time(inner: &Inner, conn: &mut Conn) -> Result<f64, Failure> {
