@@ -1,7 +1,7 @@
 // adapter.checkSafety() and `locco-rs doctor`, against real servers started here: a deployment
 // that can break the locks is flagged unsafe, a correct one has no unsafe finding.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { MongoClient } from 'mongodb';
@@ -11,7 +11,7 @@ import { EtcdAdapter } from 'locco-rs/etcd';
 import { MongoAdapter } from 'locco-rs/mongo';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { RedisAdapter } from 'locco-rs/redis';
-import { startEtcd, startMongo, startPostgres, startRedis } from './support/servers.mjs';
+import { freePort, startEtcd, startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
 const root = new URL('..', import.meta.url).pathname;
 const bin = join(root, 'bin', 'locco-rs.js');
@@ -183,6 +183,59 @@ describe('checkSafety on Redis', () => {
   });
 });
 
+describe('checkSafety on a Redis Cluster, and a Redis without CONFIG', () => {
+  const nodes = [];
+  let lonely;
+  let noConfig;
+  const clusterNode = async () => startRedis({ args: ['--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-port', String(await freePort())] });
+  before(async () => {
+    for (let i = 0; i < 3; i++) nodes.push(await clusterNode());
+    execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'], { stdio: 'ignore' });
+    const deadline = Date.now() + 15_000;
+    while (!nodes.every((n) => n.cli('CLUSTER', 'INFO').includes('cluster_state:ok'))) {
+      if (Date.now() > deadline) throw new Error('the Cluster did not come up');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    // A Cluster node that was never given slots.
+    lonely = await clusterNode();
+    noConfig = await startRedis({ args: ['--rename-command', 'CONFIG', ''] });
+  });
+  after(async () => {
+    await Promise.all([...nodes, lonely, noConfig].map((n) => n?.dispose()));
+  });
+
+  it('finds nothing unsafe on a healthy Cluster, and flags one without its slots', async () => {
+    const healthy = new RedisAdapter({ urls: nodes.map((n) => n.url), cluster: true });
+    const broken = new RedisAdapter({ urls: [lonely.url], cluster: true, connectTimeout: 2000 });
+    try {
+      const ok = await healthy.checkSafety({ clockSampleMs: 300 });
+      assertShape(ok);
+      assert.deepEqual(ids(ok, 'unsafe'), [], shown(ok));
+      assert.equal(ok.at(-1).id, 'clock.rate', shown(ok));
+      const bad = await broken.checkSafety({ clockSampleMs: 0 });
+      const f = bad.find((x) => x.id === 'redis.cluster');
+      assert.equal(f?.severity, 'unsafe', shown(bad));
+      assert.match(f.message, /0 of 16384 slots/);
+    } finally {
+      await Promise.all([healthy.close(), broken.close()]);
+    }
+  });
+
+  it('reports a renamed CONFIG as "could not check", and still checks the rest', async () => {
+    const adapter = new RedisAdapter({ url: noConfig.url });
+    try {
+      const findings = await adapter.checkSafety({ clockSampleMs: 300 });
+      assertShape(findings);
+      const f = findings.find((x) => x.id === 'redis.config');
+      assert.equal(f?.severity, 'info', shown(findings));
+      assert.match(f.message, /^could not check/);
+      assert.equal(findings.find((x) => x.id === 'clock.rate')?.severity, 'info', shown(findings));
+    } finally {
+      await adapter.close();
+    }
+  });
+});
+
 describe('checkSafety on PostgreSQL', () => {
   let pg;
   before(async () => {
@@ -241,6 +294,21 @@ describe('checkSafety on PostgreSQL', () => {
       assert.equal(absent.find((x) => x.id === 'postgres.table')?.severity, 'warning', shown(absent));
     } finally {
       await Promise.all([ro.close(), missing.close()]);
+    }
+  });
+
+  it('warns of synchronous_commit off for the role', async () => {
+    pg.psql("CREATE ROLE doctor_async LOGIN PASSWORD 'async-pw'");
+    pg.psql('GRANT SELECT, INSERT, UPDATE, DELETE ON locco_locks TO doctor_async');
+    pg.psql('GRANT USAGE ON SEQUENCE locco_locks_fence TO doctor_async');
+    pg.psql('ALTER ROLE doctor_async SET synchronous_commit = off');
+    const adapter = new PostgresAdapter({ url: pg.urlFor('doctor_async', 'async-pw') });
+    try {
+      const findings = await adapter.checkSafety({ clockSampleMs: 0 });
+      assert.equal(findings.find((f) => f.id === 'postgres.synchronous-commit')?.severity, 'warning', shown(findings));
+      assert.deepEqual(ids(findings, 'unsafe'), [], shown(findings));
+    } finally {
+      await adapter.close();
     }
   });
 
