@@ -219,12 +219,38 @@ async fn storage_findings(db: &mongodb::Database, found: &mut Vec<Finding>) {
             "use a persistent storage engine (WiredTiger) for the lock database, or keep a \
              restarted server out of use for longer than the longest TTL",
         )),
-        Some(true) => {}
+        Some(true) => journal_findings(db, found).await,
         None => found.push(Finding::not_checked(
             "mongo.storage",
             "the storage engine's durability",
             "serverStatus names no storageEngine.persistent",
         )),
+    }
+}
+
+/// A journal switched off (`storage.journal.enabled: false`, which servers before 6.1 accept).
+/// Servers that do not answer `getCmdLineOpts` (6.1 and later always journal, and compatible
+/// servers may lack the command) add nothing: `serverStatus` already spoke of durability.
+async fn journal_findings(db: &mongodb::Database, found: &mut Vec<Finding>) {
+    let admin = db.client().database("admin");
+    let Ok(opts) = admin.run_command(doc! { "getCmdLineOpts": 1 }).await else {
+        return;
+    };
+    let enabled = opts
+        .get_document("parsed")
+        .and_then(|p| p.get_document("storage"))
+        .and_then(|s| s.get_document("journal"))
+        .and_then(|j| j.get_bool("enabled"));
+    if enabled == Ok(false) {
+        found.push(Finding::new(
+            "mongo.journal",
+            Severity::Warning,
+            "journaling is off (storage.journal.enabled: false)",
+            "a crash of the server loses the writes since the last checkpoint (up to a minute): \
+             grants acknowledged in that time are forgotten, and their keys can be taken again \
+             while their holders still work",
+            "turn journaling on (remove storage.journal.enabled: false / --nojournal)",
+        ));
     }
 }
 
