@@ -177,8 +177,10 @@ describe('checkSafety on Redis', () => {
     assert.equal((await cli(['doctor'])).code, 2);
     assert.equal((await cli(['doctor', '--url', good.url, '--clock-sample', 'soon'])).code, 2);
     assert.equal((await cli(['doctor', '--url', 'ftp://x'])).code, 2);
-    const down = await cli(['doctor', '--url', 'redis://127.0.0.1:1', '--clock-sample', '0']);
-    assert.equal(down.code, 5, down.stderr);
+    for (const url of ['redis://127.0.0.1:1', 'etcd://127.0.0.1:1', 'postgres://u:p@127.0.0.1:1/db']) {
+      const down = await cli(['doctor', '--url', url, '--clock-sample', '0']);
+      assert.equal(down.code, 5, `${url}: ${down.stdout}${down.stderr}`);
+    }
     assert.match((await cli(['--help'])).stdout, /doctor/);
   });
 });

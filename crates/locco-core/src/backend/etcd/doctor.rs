@@ -6,6 +6,7 @@ use etcd_client::{AlarmAction, AlarmType};
 use super::{failure_of, EtcdBackend};
 use crate::backend::safety::{Finding, SafetyOptions, Severity};
 use crate::backend::Op;
+use crate::engine::error::BackendErrorKind;
 
 impl EtcdBackend {
     /// Checks the cluster against what the locks rely on (see [`crate::safety`]).
@@ -18,11 +19,19 @@ impl EtcdBackend {
                     let voters = list.members().iter().filter(|m| !m.is_learner()).count();
                     found.extend(judge_members(voters));
                 }
-                Err(e) => found.push(Finding::not_checked(
-                    "etcd.members",
-                    "the cluster's members (MemberList)",
-                    failure_of(&inner.secrets, e).message,
-                )),
+                // The client connects lazily: an unreachable cluster shows here first, and is
+                // a failure of the check, not a finding.
+                Err(e) => {
+                    let failure = failure_of(&inner.secrets, e);
+                    if unreachable(failure.kind) {
+                        return Err(failure);
+                    }
+                    found.push(Finding::not_checked(
+                        "etcd.members",
+                        "the cluster's members (MemberList)",
+                        failure.message,
+                    ));
+                }
             }
             match client.status().await {
                 Ok(status) if status.leader() == 0 => found.push(Finding::new(
@@ -82,6 +91,13 @@ impl EtcdBackend {
             Ok(found)
         })
     }
+}
+
+fn unreachable(kind: BackendErrorKind) -> bool {
+    matches!(
+        kind,
+        BackendErrorKind::Io | BackendErrorKind::Timeout | BackendErrorKind::Tls
+    )
 }
 
 fn judge_members(voters: usize) -> Option<Finding> {
