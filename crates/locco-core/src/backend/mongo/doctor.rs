@@ -62,6 +62,11 @@ impl MongoBackend {
 async fn hello(inner: &Inner, db: &mongodb::Database) -> Result<Document, Failure> {
     match db.run_command(doc! { "hello": 1 }).await {
         Ok(d) => Ok(d),
+        // Only a server that answered, refusing the command, gets the older one: an
+        // unreachable one would make the check wait out its timeout twice.
+        Err(e) if !matches!(&*e.kind, mongodb::error::ErrorKind::Command(_)) => {
+            Err(inner.failure(e))
+        }
         Err(_) => db
             .run_command(doc! { "isMaster": 1 })
             .await
