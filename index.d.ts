@@ -391,3 +391,27 @@ export declare class RedisReplicationError extends LoccoError {
   readonly replicas: number;
   readonly acknowledged: number;
 }
+
+/** One finding of `adapter.checkSafety()` (and `locco-rs doctor`). */
+export interface SafetyFinding {
+  /** Stable and dotted: 'redis.maxmemory-policy', 'postgres.primary-key', 'clock.rate', … */
+  id: string;
+  /**
+   * 'unsafe': the lock can be granted twice, or not at all, in ordinary operation.
+   * 'warning': a guarantee weakens in some failure (a restart, a failover). 'info': worth
+   * knowing, or a check the server did not let run ("could not check …").
+   */
+  severity: 'unsafe' | 'warning' | 'info';
+  /** What was found, with the values read. */
+  message: string;
+  /** Why it matters to the locks. */
+  why: string;
+  /** How to fix it. */
+  fix: string;
+}
+
+/** Options of `adapter.checkSafety()`. */
+export interface SafetyCheckOptions {
+  /** Ms to compare this machine's clock rate with the server's. Default 3000; 0 skips it. */
+  clockSampleMs?: number;
+}

@@ -21,4 +21,6 @@ export declare class InMemoryAdapter implements LockAdapter {
   extend(input: { key: string; token: string; ttl: number }): Promise<boolean>;
   isHeld(input: { key: string; token: string }): Promise<boolean>;
   acquireFenced(input: { key: string; token: string; ttl: number }): Promise<number | null>;
+  /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
+  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
 }

@@ -36,6 +36,8 @@ export declare class MongoAdapter implements LockAdapter, AsyncDisposable {
   acquireFenced(input: { key: string; token: string; ttl: number }): Promise<number | null>;
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
+  /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
+  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
 }
 
 export interface MongoIndexSpec {

@@ -55,6 +55,8 @@ export declare class PostgresAdapter implements LockAdapter, AsyncDisposable {
   sweepExpired(): Promise<number>;
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
+  /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
+  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
 }
 
 /** The statements for a migration: the table and its sequence <tableName>_fence. */

@@ -38,6 +38,8 @@ export declare class RedisAdapter implements LockAdapter, AsyncDisposable {
   acquireFenced(input: { key: string; token: string; ttl: number }): Promise<number | null>;
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
+  /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
+  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
 }
 
 export interface RedlockAdapterOptions {
@@ -74,4 +76,6 @@ export declare class RedlockAdapter implements LockAdapter, AsyncDisposable {
   isHeld(input: { key: string; token: string }): Promise<boolean>;
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
+  /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
+  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
 }

@@ -69,6 +69,7 @@ const plans = {
     calls: { chargeCard: 1 },
     stdout: /^in this process only: receipt-1$/m,
   },
+  'Checking a deployment #1': { env: ['REDIS_URL'] },
   'Write your own adapter #1': {},
   'Write your own adapter #2': {
     // The block imports the user's adapter from ./my-adapter.js: here, a stand-in that keeps
@@ -89,6 +90,7 @@ const shell = {
   '(top) #1': 'the set-up commands; scripts/test-all.sh is what runs this test',
   'Quick start #1': 'installs from the npm registry; __test__/package.test.mjs installs the packed tarball instead',
   'Command line #1': 'runs locco-rs against Redis; __test__/cli.test.mjs runs this block as written',
+  'Checking a deployment #2': 'runs locco-rs doctor; __test__/doctor.test.mjs runs it against Redis and PostgreSQL',
 };
 
 it('README.md starts with exactly the two set-up commands', () => {

@@ -15,6 +15,7 @@ const EXIT = {
   held: 3, // the key is held by someone else (--wait 0), or was not free within --wait
   lost: 4, // the lock was lost while the command ran; the command was stopped
   backend: 5, // the backend failed or could not be reached
+  unsafe: 6, // doctor: a finding that can break the locks (a double grant, or no grant at all)
   cannotRun: 126, // the command was found but could not be started
   notFound: 127, // the command was not found
 };
@@ -26,6 +27,7 @@ const EXIT_CODES_HELP = `Exit codes:
   3     the key is held: taken by another holder (--wait 0), or not free within --wait
   4     the lock was lost while the command ran; the command was stopped
   5     the backend failed or could not be reached
+  6     doctor: the deployment has an unsafe finding
   126   the command could not be started
   127   the command was not found`;
 
@@ -310,9 +312,67 @@ async function run(args) {
   }
 }
 
+const DOCTOR_USAGE = `Usage: locco-rs doctor --url <backend-url> [--json] [--clock-sample <duration>]
+
+Checks the deployment behind <backend-url> against what the locks rely on (eviction and
+persistence on Redis, the lock table's key and rights on PostgreSQL, write concern and
+indexes on MongoDB, the cluster on etcd, and the holder's clock rate against the server's)
+and prints each finding with why it matters and how to fix it. Writes nothing.
+
+Options:
+  --url <url>              the backend, as for run (or set LOCCO_URL)
+  --json                   print { findings, counts } as JSON instead of text
+  --clock-sample <duration>
+                           how long to compare this machine's clock with the server's
+                           (default 3s; 0 skips the clock check)
+  -h, --help               this text
+
+Exit codes: 0 no unsafe finding (warnings and info allowed), 6 an unsafe finding,
+5 the backend failed or could not be reached, 2 a usage error.
+
+Example:
+  locco-rs doctor --url redis://127.0.0.1:6379`;
+
+const DOCTOR_OPTIONS = {
+  url: { type: 'string' },
+  json: { type: 'boolean', default: false },
+  'clock-sample': { type: 'string', default: '3s' },
+  help: { type: 'boolean', short: 'h', default: false },
+};
+
+async function doctor(args) {
+  let values;
+  try {
+    ({ values } = parseArgs({ args, options: DOCTOR_OPTIONS, allowPositionals: false, strict: true }));
+  } catch (error) {
+    throw new UsageError(error.message);
+  }
+  if (values.help) {
+    process.stdout.write(`${DOCTOR_USAGE}\n`);
+    return 0;
+  }
+  const url = values.url ?? process.env.LOCCO_URL;
+  if (url === undefined || url === '') throw new UsageError('--url is required (or set LOCCO_URL)');
+  const clockSampleMs = parseDuration('clock-sample', values['clock-sample']);
+  const adapter = createAdapter(url);
+  const { countFindings, formatFindings } = require('../lib/doctor.js');
+  try {
+    const findings = await adapter.checkSafety({ clockSampleMs });
+    const counts = countFindings(findings);
+    if (values.json) process.stdout.write(`${JSON.stringify({ findings, counts }, null, 2)}\n`);
+    else process.stdout.write(`${formatFindings(findings)}\n`);
+    return counts.unsafe > 0 ? EXIT.unsafe : 0;
+  } catch (error) {
+    throw asExit(error, undefined);
+  } finally {
+    await adapter.close().catch(() => {});
+  }
+}
+
 /** The subcommands: usage line for the overview, and the function that runs one. */
 const COMMANDS = {
   run: { summary: 'run a command while holding a lock', usage: RUN_USAGE, main: run },
+  doctor: { summary: 'check a deployment against what the locks rely on', usage: DOCTOR_USAGE, main: doctor },
 };
 
 function mainUsage() {

@@ -50,6 +50,10 @@ class NativeAdapter {
   acquireFenced(input) {
     return callNative(this[NATIVE_ID], ACQUIRE_FENCED, input);
   }
+  /** Checks the deployment against what the locks rely on (see lib/doctor.js). */
+  checkSafety(options) {
+    return require('./doctor.js').checkSafety(this[NATIVE_ID], options);
+  }
 }
 
 /**

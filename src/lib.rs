@@ -10,6 +10,7 @@
 // benchmark about a tenth slower than the system allocator here.
 
 mod adapters;
+mod doctor;
 mod executor;
 mod fast;
 mod host;

@@ -187,3 +187,15 @@ export class SharedAuditedMutexManager extends MutexManager<DistributedMutexMana
   }
 }
 new SharedAuditedMutexManager({ adapter: new InMemoryAdapter() });
+
+// adapter.checkSafety(): every built-in adapter has it; a finding's severity is a union.
+import type { SafetyFinding } from 'locco-rs';
+export async function unsafeFindings(adapter: RedisAdapter | PostgresAdapter | MongoAdapter | InMemoryAdapter): Promise<SafetyFinding[]> {
+  const findings = await adapter.checkSafety({ clockSampleMs: 500 });
+  await adapter.checkSafety();
+  // @ts-expect-error the sample length is a number of ms
+  await adapter.checkSafety({ clockSampleMs: '3s' });
+  const severity: 'unsafe' | 'warning' | 'info' = findings[0].severity;
+  void severity;
+  return findings.filter((f) => f.severity === 'unsafe' && f.why.length > 0 && f.fix.length > 0);
+}

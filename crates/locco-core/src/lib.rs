@@ -25,6 +25,13 @@ pub use backend::redlock;
 
 pub use backend::memory::MemoryBackend;
 pub use backend::queue::WakeBoard;
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "mongo",
+    feature = "etcd"
+))]
+pub use backend::safety;
 pub use backend::waiters::{LocalWaiters, LocalWakeups};
 pub use backend::{extend_each, Backend, Coordination, Op, Queue, Queued, Renewal, Waiter};
 pub use engine::clock::{

@@ -57,6 +57,8 @@ use crate::backend::io::{self, redact, Failure};
 use crate::backend::{Backend, Op, Queue, Queued, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
+mod doctor;
+
 /// How to reach etcd and where the locks live.
 #[derive(Debug, Clone)]
 pub struct EtcdOptions {

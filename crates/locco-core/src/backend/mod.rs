@@ -23,6 +23,13 @@ pub(crate) mod queue;
 pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "mongo",
+    feature = "etcd"
+))]
+pub mod safety;
 pub(crate) mod waiters;
 
 use std::future::Future;

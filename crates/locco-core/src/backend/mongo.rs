@@ -57,6 +57,8 @@ use crate::backend::queue::{Queue, Queued, WakeBoard};
 use crate::backend::{Backend, Op, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
+mod doctor;
+
 /// How to reach MongoDB and where the locks live.
 #[derive(Debug, Clone)]
 pub struct MongoOptions {

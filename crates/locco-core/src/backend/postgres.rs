@@ -24,6 +24,7 @@ use tokio_postgres::error::SqlState;
 use crate::backend::io::{self, redact, Failure, OnAbandon};
 #[path = "postgres_advisory.rs"]
 mod advisory;
+mod doctor;
 use crate::backend::postgres_queue::{waiters_ddl, Connect, FairStatements, Pushes};
 use crate::backend::{extend_each, Backend, Op, Queue, Queued, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};

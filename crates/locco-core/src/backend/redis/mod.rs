@@ -17,6 +17,7 @@ use crate::backend::io::{self, redact, runtime, Failure};
 use crate::backend::{extend_each, Backend, Op, Queue, Queued, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
+mod doctor;
 #[cfg(unix)]
 mod event_loop_link;
 mod failure;
