@@ -1,7 +1,9 @@
 //! `adapter.checkSafety()`: the engine checks the deployment and answers its findings as JSON
 //! text, which the facade parses.
 
-use locco_core::safety::{findings_json, Finding, SafetyOptions, Severity};
+use locco_core::safety::{
+    findings_json, in_memory_findings, redlock_findings, Finding, SafetyOptions,
+};
 use locco_core::{Error, Op};
 use napi_derive::napi;
 
@@ -52,23 +54,8 @@ pub fn check_safety(adapter_id: f64, spec: SafetySpec, op_id: f64) -> Raw {
             Adapter::Postgres(b) => Some(b.inner().check_safety(options)),
             Adapter::Mongo(b) => Some(b.inner().check_safety(options)),
             Adapter::Etcd(b) => Some(b.inner().check_safety(options)),
-            Adapter::Memory(_) => Some(Op::ready(Ok(vec![Finding::new(
-                "memory.scope",
-                Severity::Info,
-                "the in-memory adapter keeps its locks in this process",
-                "its locks exclude only callers in this process; other processes and machines \
-                 do not see them",
-                "use a networked adapter (Redis, PostgreSQL, MongoDB, etcd) when several \
-                 processes share the keys",
-            )]))),
-            Adapter::Redlock(_) => Some(Op::ready(Ok(vec![Finding::new(
-                "redlock.not-checked",
-                Severity::Info,
-                "a Redlock adapter is not checked as a whole",
-                "each of its Redis servers has its own settings",
-                "check each server with checkSafety() of a RedisAdapter on its URL, or locco-rs \
-                 doctor --url",
-            )]))),
+            Adapter::Memory(_) => Some(Op::ready(Ok(in_memory_findings()))),
+            Adapter::Redlock(_) => Some(Op::ready(Ok(redlock_findings()))),
         });
     let Some(op) = op else {
         return ops::fail(Error::Internal(format!(

@@ -347,6 +347,31 @@ fn judge_clock(
     )
 }
 
+/// What there is to say of the in-memory adapter: its locks stay in this process.
+pub fn in_memory_findings() -> Vec<Finding> {
+    vec![Finding::new(
+        "memory.scope",
+        Severity::Info,
+        "the in-memory adapter keeps its locks in this process",
+        "its locks exclude only callers in this process; other processes and machines do not \
+         see them",
+        "use a networked adapter (Redis, PostgreSQL, MongoDB, etcd) when several processes \
+         share the keys",
+    )]
+}
+
+/// A Redlock adapter is several deployments: each server is checked on its own.
+pub fn redlock_findings() -> Vec<Finding> {
+    vec![Finding::new(
+        "redlock.not-checked",
+        Severity::Info,
+        "a Redlock adapter is not checked as a whole",
+        "each of its Redis servers has its own settings",
+        "check each server with checkSafety() of a RedisAdapter on its URL, or locco-rs doctor \
+         --url",
+    )]
+}
+
 /// The findings as a JSON array of `{ id, severity, message, why, fix }`.
 pub fn findings_json(findings: &[Finding]) -> String {
     let mut out = String::from("[");
