@@ -73,6 +73,27 @@ describe('RedisAdapter faults', () => {
     assert.equal(await again.release(), true);
   });
 
+  it('a JavaScript stall longer than commandTimeout fails no request: the server was not at fault', async () => {
+    const adapter = new RedisAdapter({ url: redis.url, commandTimeout: 300 });
+    const locker = new Locker({ adapter, retry: { retries: 0 } });
+    await (await locker.acquire('stall:warm', { ttl: 1000 })).release();
+    // Many requests at once: the last of them are still queued when the loop turns to the
+    // timer below, which blocks it three times the command timeout. The server answers the
+    // rest meanwhile, unread. Counting that stall against the server shut the connection and
+    // failed the requests still waiting (18 to 30 of them here).
+    const pending = Promise.allSettled(Array.from({ length: 20_000 }, (_, i) => locker.tryAcquire(`stall:${i}`, { ttl: 60_000 })));
+    await new Promise((r) => setTimeout(r, 0));
+    const end = performance.now() + 900;
+    while (performance.now() < end) {
+      // A long synchronous task.
+    }
+    const results = await pending;
+    const failed = results.filter((r) => r.status === 'rejected').map((r) => r.reason.message);
+    assert.deepEqual(failed.slice(0, 3), [], `${failed.length} requests failed`);
+    assert.ok(results.every((r) => r.value !== null), 'every key was free and granted');
+    await Promise.all(results.map((r) => r.value.release()));
+  });
+
   it('matches every answer to its request when hundreds share the connection', async () => {
     // 800 requests in one turn are written in several early 8 KiB batches.
     const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), retry: { retries: 0 } });

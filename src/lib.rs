@@ -58,6 +58,7 @@ pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unkno
         .build_threadsafe_function::<()>()
         .weak::<true>()
         .build_callback(|_ctx| {
+            locco_core::LOOP_ACTIVITY.working();
             executor::drain_on_wake();
             Ok(())
         })?;

@@ -17,7 +17,7 @@ use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::task::{Context, Waker};
 
-use locco_core::{EventLoop, LocalFuture, SocketWatch};
+use locco_core::{EventLoop, LocalFuture, SocketWatch, LOOP_ACTIVITY};
 use napi::sys;
 
 use crate::{executor, hub};
@@ -34,9 +34,12 @@ extern "C" {
     fn uv_unref(handle: *mut c_void);
     fn uv_prepare_init(lp: *mut c_void, handle: *mut c_void) -> c_int;
     fn uv_prepare_start(handle: *mut c_void, cb: HandleCb) -> c_int;
+    fn uv_check_init(lp: *mut c_void, handle: *mut c_void) -> c_int;
+    fn uv_check_start(handle: *mut c_void, cb: HandleCb) -> c_int;
     fn uv_strerror(err: c_int) -> *const std::os::raw::c_char;
 }
 
+const UV_CHECK: c_int = 2;
 const UV_POLL: c_int = 8;
 const UV_PREPARE: c_int = 9;
 const UV_READABLE: c_int = 1;
@@ -117,9 +120,13 @@ fn uv_error(code: c_int, what: &str) -> std::io::Error {
     std::io::Error::other(format!("{what}: {}", text.to_string_lossy()))
 }
 
-/// One layout for both kinds of handle this module makes (poll and prepare).
+/// One layout for every kind of handle this module makes (poll, prepare and check).
 fn handle_layout() -> Layout {
-    let size = unsafe { uv_handle_size(UV_POLL).max(uv_handle_size(UV_PREPARE)) };
+    let size = unsafe {
+        uv_handle_size(UV_POLL)
+            .max(uv_handle_size(UV_PREPARE))
+            .max(uv_handle_size(UV_CHECK))
+    };
     Layout::from_size_align(size, 16).expect("a libuv handle layout")
 }
 
@@ -143,7 +150,23 @@ unsafe fn start_flushing(lp: *mut c_void) -> napi::Result<()> {
     uv_unref(handle);
     uv_prepare_start(handle, send_all);
     OPEN.with(|o| o.borrow_mut().push(handle as usize));
+    // The check handle runs right after the wait for events: from then on the loop works.
+    let check = new_handle().map_err(|e| napi::Error::from_reason(e.to_string()))?;
+    if uv_check_init(lp, check) != 0 {
+        dealloc(check.cast(), handle_layout());
+        return Err(napi::Error::from_reason(
+            "could not start a libuv check handle",
+        ));
+    }
+    uv_unref(check);
+    uv_check_start(check, after_wait);
+    OPEN.with(|o| o.borrow_mut().push(check as usize));
     Ok(())
+}
+
+/// The loop waited for events and now runs callbacks (see `LoopActivity`).
+unsafe extern "C" fn after_wait(_: *mut c_void) {
+    LOOP_ACTIVITY.working();
 }
 
 /// Runs a libuv callback's body; a panic must not unwind into libuv (it would abort the
@@ -154,6 +177,7 @@ fn shielded(body: impl FnOnce()) {
 
 unsafe extern "C" fn send_all(_: *mut c_void) {
     shielded(send_queued);
+    LOOP_ACTIVITY.waiting();
 }
 
 fn send_queued() {
@@ -322,6 +346,8 @@ unsafe extern "C" fn on_closed_at_teardown(handle: *mut c_void) {
 }
 
 unsafe extern "C" fn on_ready(handle: *mut c_void, status: c_int, events: c_int) {
+    // What runs now (answers settled, the JavaScript they resume) is the loop's work.
+    LOOP_ACTIVITY.working();
     shielded(|| unsafe { ready(handle, status, events) });
 }
 

@@ -38,7 +38,7 @@ pub use engine::clock::{
     monotonic_ms, Clock, LeaseClock, MonotonicClock, SystemSource, TimeSource,
 };
 pub use engine::error::{BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result};
-pub use engine::event_loop::{EventLoop, SocketWatch};
+pub use engine::event_loop::{EventLoop, LoopActivity, SocketWatch, LOOP_ACTIVITY};
 pub use engine::events::{Event, EventSink, LossListener};
 pub use engine::ids::{IdHasher, IdMap};
 pub use engine::lock::{lease_end, Lock, LockState, CLOCK_DRIFT_FACTOR};

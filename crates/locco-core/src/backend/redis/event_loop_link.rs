@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::backend::io::{self, runtime, Failure};
 use crate::backend::redis::failure::failure_of;
 use crate::engine::error::{BackendErrorKind, Error};
-use crate::engine::event_loop::{EventLoop, SocketWatch};
+use crate::engine::event_loop::{EventLoop, LoopActivity, SocketWatch, LOOP_ACTIVITY};
 use crate::engine::task::{first, First};
 
 /// A non-blocking socket read on the engine's thread; the host writes what it is sent.
@@ -93,8 +93,7 @@ impl AsyncWrite for LoopStream {
 
 /// Milliseconds since a process-wide origin (the watchdog reads it on the I/O thread).
 fn now_ms() -> u64 {
-    static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    ORIGIN.get_or_init(Instant::now).elapsed().as_millis() as u64
+    LoopActivity::now_ms()
 }
 
 /// What the watchdog on the I/O thread knows of a connection.
@@ -135,7 +134,9 @@ impl Drop for Busy {
 
 /// Answers come back in order on a Redis connection, so when the oldest request has waited
 /// longer than the command timeout the connection is presumed dead: shutting the socket
-/// down fails every request on it, and the next operation connects again.
+/// down fails every request on it, and the next operation connects again. Time the event
+/// loop spent busy (a long JavaScript task: requests queued, answers unread) does not count
+/// against the server: the wait counts from the end of such a stall.
 fn watch_over(health: Arc<Health>, timeout_ms: u64) {
     let period = Duration::from_millis((timeout_ms / 4).clamp(10, 250));
     runtime().spawn(async move {
@@ -144,8 +145,14 @@ fn watch_over(health: Arc<Health>, timeout_ms: u64) {
             if health.ended.load(Ordering::Acquire) {
                 return;
             }
-            let since = now_ms().saturating_sub(health.progress_ms.load(Ordering::Acquire));
-            if health.in_flight.load(Ordering::Acquire) > 0 && since > timeout_ms {
+            let now = now_ms();
+            let from = health
+                .progress_ms
+                .load(Ordering::Acquire)
+                .max(LOOP_ACTIVITY.stall_end_ms());
+            let since = now.saturating_sub(from);
+            let ours = LOOP_ACTIVITY.busy_ms(now) > timeout_ms / 2;
+            if health.in_flight.load(Ordering::Acquire) > 0 && since > timeout_ms && !ours {
                 health.timed_out.store(true, Ordering::Release);
                 let _ = health.sock.shutdown(std::net::Shutdown::Both);
                 return;
