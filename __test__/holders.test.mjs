@@ -82,6 +82,29 @@ for (const backend of HOLDER_BACKENDS) {
       assert.notEqual(await c.tryAcquirePermit(k, { limit: 3, ttl: 1000 }), null);
     });
 
+    if (backend.fair) {
+      it('waiters for a permit are served first come, first served', async () => {
+        const k = key();
+        const holder = await locker().acquirePermit(k, { limit: 1, ttl: 10_000 });
+        const order = [];
+        const waiters = [];
+        for (let i = 0; i < 4; i++) {
+          const l = locker();
+          waiters.push(
+            l.acquirePermit(k, { limit: 1, ttl: 10_000, retry: { retries: 1000, delay: 20 } }).then(async (p) => {
+              order.push(i);
+              await sleep(50);
+              await p.release();
+            }),
+          );
+          await sleep(150); // each has joined the line before the next comes
+        }
+        await holder.release();
+        await Promise.all(waiters);
+        assert.deepEqual(order, [0, 1, 2, 3]);
+      });
+    }
+
     it('a permit never released frees when its lease ends, not before', async () => {
       const k = key();
       const ttl = 800;

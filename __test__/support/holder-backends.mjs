@@ -11,10 +11,11 @@ import { startEtcd, startMongo, startPostgres, startRedis } from './servers.mjs'
 const local = (kind) => async () => ({ spec: { kind, options: {} }, dispose: async () => {} });
 
 export const HOLDER_BACKENDS = [
-  { name: 'memory', start: local('memory'), inProcess: true },
+  { name: 'memory', start: local('memory'), inProcess: true, fair: true },
   { name: 'JavaScript MapAdapter', start: local('map'), inProcess: true },
   {
     name: 'Redis',
+    fair: true,
     async start() {
       const redis = await startRedis();
       return { spec: { kind: 'redis', options: { url: redis.url } }, dispose: () => redis.dispose() };
@@ -30,6 +31,7 @@ export const HOLDER_BACKENDS = [
   },
   {
     name: 'PostgreSQL',
+    fair: true,
     async start() {
       const pg = await startPostgres();
       return { spec: { kind: 'postgres', options: { url: pg.url } }, dispose: () => pg.dispose() };
@@ -44,6 +46,7 @@ export const HOLDER_BACKENDS = [
   },
   {
     name: 'MongoDB',
+    fair: true,
     async start() {
       const mongo = await startMongo();
       return { spec: { kind: 'mongo', options: { url: mongo.url } }, dispose: () => mongo.dispose() };
@@ -51,6 +54,7 @@ export const HOLDER_BACKENDS = [
   },
   {
     name: 'etcd',
+    fair: true,
     async start() {
       const etcd = await startEtcd();
       const options = { endpoints: [etcd.endpoint], sessionTtl: 2000 };

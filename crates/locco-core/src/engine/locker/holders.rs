@@ -23,8 +23,9 @@ const LOOK_TTL_MS: u32 = 2000;
 /// How many read slots a writer looks at together: a few requests in flight at once, not one
 /// per slot, since a look may need a connection of its own (PostgreSQL's advisory mode).
 const LOOKS_AT_ONCE: usize = 4;
-/// The longest pause between a waiting writer's looks at the read slots.
-const DRAIN_RECHECK_MS: f64 = 100.0;
+/// The longest pause between a waiting writer's looks at the read slots, and between the
+/// first waiter's tries for a permit.
+const HOLDER_RECHECK_MS: f64 = 100.0;
 
 /// What kind of holder an acquisition wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +61,10 @@ pub fn permit_key(key: &str, i: u32) -> String {
 pub fn read_key(key: &str, i: u32) -> String {
     format!("{key}:read:{i}")
 }
+/// The key whose holder is the first of the waiters for a permit of the semaphore `key`.
+pub fn turn_key(key: &str) -> String {
+    format!("{key}:turn")
+}
 /// The write key of the read-write lock `key`.
 pub fn write_key(key: &str) -> String {
     format!("{key}:write")
@@ -70,6 +75,20 @@ pub fn write_key(key: &str) -> String {
 enum Look {
     Free,
     Taken,
+}
+
+/// What the holder of a gate key waits for.
+#[derive(Clone, Copy)]
+enum Goal<'a> {
+    /// No read slot held: a writer, holding the write key.
+    NoReaders(&'a [String]),
+    /// A free permit: the first of the waiters, holding their turn.
+    Permit(&'a [String]),
+}
+
+enum Reached {
+    NoReaders,
+    Permit(Lock),
 }
 
 /// The retry budget of one acquisition that makes several kinds of tries: counts attempts,
@@ -215,13 +234,14 @@ impl Locker {
         match holders {
             Holders::Permit { limit } => {
                 let slots = slots(limit, permit_key)?;
-                self.take_a_slot(&key, &slots, None, &options, abort, once)
+                self.take_a_permit(&key, &slots, &options, abort, once)
                     .await
             }
             Holders::Read { max_readers } => {
                 let slots = slots(max_readers, read_key)?;
                 let gate = write_key(&key);
-                self.take_a_slot(&key, &slots, Some(&gate), &options, abort, once)
+                let start = self.now()?;
+                self.take_a_slot(&key, &slots, Some(&gate), &options, abort, once, start)
                     .await
             }
             Holders::Write { max_readers } => {
@@ -234,6 +254,7 @@ impl Locker {
 
     /// Takes one free slot of `slots` (tried from a random one on, so that holders spread),
     /// and when `gate` is named, keeps it only if `gate` is free after it was taken.
+    #[allow(clippy::too_many_arguments)]
     async fn take_a_slot(
         &self,
         key: &str,
@@ -242,8 +263,8 @@ impl Locker {
         options: &AcquireOptions,
         abort: Option<&Abort>,
         once: bool,
+        start: f64,
     ) -> Result<Option<Lock>> {
-        let start = self.now()?;
         let mut turns = Turns::new(self, key, options, abort, start);
         if let Some(gate) = gate {
             turns.wakeups = self.shared.backend.waiter(gate);
@@ -314,6 +335,72 @@ impl Locker {
         }
     }
 
+    /// A permit, first come, first served: a free one is taken at once only while nobody
+    /// waits (the waiters' turn key is free). Otherwise the caller queues for the turn (in the
+    /// backend's fair queue, where it keeps one) and, holding it, waits for a permit; then it
+    /// hands the turn on.
+    async fn take_a_permit(
+        &self,
+        key: &str,
+        slots: &[String],
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+        once: bool,
+    ) -> Result<Option<Lock>> {
+        let start = self.now()?;
+        let turn = turn_key(key);
+        validate_key(&turn)?;
+        if self.look(&turn, abort).await? == Look::Free {
+            let permit = self
+                .take_a_slot(key, slots, None, options, abort, true, start)
+                .await?;
+            if permit.is_some() || once {
+                return Ok(permit);
+            }
+        } else if once {
+            return Ok(None);
+        }
+        // A short lease: a waiter that dies holds up the others only briefly.
+        let mut turn_options = options.clone();
+        turn_options.auto_extend = None;
+        turn_options.ttl = options.ttl.min(QUEUE_LEASE_MS);
+        let held = self
+            .acquire_key(turn, &turn_options, abort)
+            .await
+            .map_err(|e| match e {
+                Error::Held {
+                    attempts,
+                    elapsed_ms,
+                    reason,
+                    ..
+                } => Error::Held {
+                    key: key.to_owned(),
+                    attempts,
+                    elapsed_ms,
+                    reason,
+                },
+                other => other,
+            })?;
+        let outcome = self
+            .wait_holding(
+                key,
+                &held,
+                turn_options.ttl,
+                Goal::Permit(slots),
+                options,
+                abort,
+                false,
+                start,
+            )
+            .await;
+        // Bounded by the turn's lease: the next waiter's turn comes at once.
+        let _ = held.release(true).await;
+        match outcome? {
+            Some(Reached::Permit(lock)) => Ok(Some(lock)),
+            _ => Ok(None),
+        }
+    }
+
     /// Takes the write key (in its fair queue, where the backend keeps one), then waits for
     /// the read slots to empty while holding it, so that no reader gets in meanwhile.
     async fn take_the_write(
@@ -335,11 +422,27 @@ impl Locker {
         } else {
             self.acquire_key(write, options, abort).await?
         };
-        match self
-            .drain(key, &lock, slots, options, abort, once, start)
-            .await
-        {
-            Ok(true) => Ok(Some(lock)),
+        let waited_from = self.now()?;
+        let outcome = self
+            .wait_holding(
+                key,
+                &lock,
+                options.ttl,
+                Goal::NoReaders(slots),
+                options,
+                abort,
+                once,
+                start,
+            )
+            .await;
+        match outcome {
+            Ok(Some(_)) => {
+                // A writer that had to wait gets its whole ttl from the moment it is alone.
+                if self.now()? > waited_from + HOLDER_RECHECK_MS {
+                    lock.extend(options.ttl).await?;
+                }
+                Ok(Some(lock))
+            }
             outcome => {
                 // Bounded by the lease, so the key is free (or its lease over) when we answer.
                 let _ = lock.release(true).await;
@@ -348,55 +451,73 @@ impl Locker {
         }
     }
 
-    /// Waits, within the acquisition's budget, until no read slot is held. The write lease
-    /// is renewed while it waits, and renewed in full when it had to wait at all, so the
-    /// writer gets its whole ttl from the moment the readers are gone.
+    /// Waits, within the acquisition's budget, for `goal` while holding `held` (the write
+    /// key, or the waiters' turn), whose lease is renewed meanwhile. `None` when `once` and
+    /// the goal is not reached at the first look.
     #[allow(clippy::too_many_arguments)]
-    async fn drain(
+    async fn wait_holding(
         &self,
         key: &str,
-        lock: &Lock,
-        slots: &[String],
+        held: &Lock,
+        held_ttl: u32,
+        goal: Goal<'_>,
         options: &AcquireOptions,
         abort: Option<&Abort>,
         once: bool,
         start: f64,
-    ) -> Result<bool> {
+    ) -> Result<Option<Reached>> {
         let mut turns = Turns::new(self, key, options, abort, start);
-        turns.max_pause = DRAIN_RECHECK_MS;
+        turns.max_pause = HOLDER_RECHECK_MS;
         // Where the last look found a reader: most likely still there, so looked at first.
         let mut from = 0;
         loop {
             turns.next()?;
-            let mut readers = false;
-            let order: Vec<usize> = (0..slots.len()).map(|i| (from + i) % slots.len()).collect();
-            for chunk in order.chunks(LOOKS_AT_ONCE) {
-                let looks = chunk.iter().map(|&i| self.look(&slots[i], abort));
-                let looks = futures_util::future::join_all(looks).await;
-                for (&i, look) in chunk.iter().zip(looks) {
-                    if look? == Look::Taken && !readers {
-                        readers = true;
-                        from = i;
-                    }
-                }
-                if readers {
-                    break;
-                }
-            }
-            if !readers {
-                if turns.attempt > 1 {
-                    lock.extend(options.ttl).await?;
-                }
-                return Ok(true);
-            }
-            if once {
-                return Ok(false);
+            let reached = match goal {
+                Goal::NoReaders(slots) => self
+                    .no_readers(slots, &mut from, abort)
+                    .await?
+                    .then_some(Reached::NoReaders),
+                Goal::Permit(slots) => self
+                    .take_a_slot(key, slots, None, options, abort, true, start)
+                    .await?
+                    .map(Reached::Permit),
+            };
+            if reached.is_some() || once {
+                return Ok(reached);
             }
             turns.missed().await?;
-            if lock.lease_end() - self.now()? < options.ttl as f64 / 2.0 {
-                lock.extend(options.ttl).await?;
+            if held.lease_end() - self.now()? < held_ttl as f64 / 2.0 {
+                held.extend(held_ttl).await?;
             }
         }
+    }
+
+    /// Whether every read slot is free, looking from slot `from` on, a few at a time; `from`
+    /// becomes the first slot found held.
+    async fn no_readers(
+        &self,
+        slots: &[String],
+        from: &mut usize,
+        abort: Option<&Abort>,
+    ) -> Result<bool> {
+        let order: Vec<usize> = (0..slots.len())
+            .map(|i| (*from + i) % slots.len())
+            .collect();
+        for chunk in order.chunks(LOOKS_AT_ONCE) {
+            let looks = chunk.iter().map(|&i| self.look(&slots[i], abort));
+            let looks = futures_util::future::join_all(looks).await;
+            let mut taken = None;
+            for (&i, look) in chunk.iter().zip(looks) {
+                if look? == Look::Taken {
+                    taken = taken.or(Some(i));
+                }
+            }
+            if let Some(i) = taken {
+                *from = i;
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Whether `key` is free now: a plain acquire under a token of its own (never fenced: a
