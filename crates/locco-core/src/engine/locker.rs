@@ -3,6 +3,8 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use crate::backend::holder::labelled;
+use crate::backend::KeyInfo;
 use crate::backend::{Backend, Op, Waiter};
 use crate::engine::clock::checked_now;
 use crate::engine::error::{BackendErrorKind, Error, HeldReason, LostReason, Result};
@@ -134,6 +136,35 @@ impl Locker {
         Ok(full)
     }
 
+    /// What the backend knows about `key` (the Locker's prefix added): held or not, the
+    /// lease's time left, the key's last fence, the holder's label. Never the token.
+    pub async fn inspect(&self, key: &str) -> Result<KeyInfo> {
+        let key = self.full_key(key)?;
+        self.shared.backend.inspect(&key).await
+    }
+
+    /// The held keys that start with the Locker's prefix and `prefix`, at most `limit`.
+    /// Their `key` is given without the Locker's prefix.
+    pub async fn list(&self, prefix: &str, limit: u32) -> Result<Vec<KeyInfo>> {
+        let own = &self.shared.options.key_prefix;
+        let full = format!("{own}{prefix}");
+        let mut found = self.shared.backend.list(&full, limit).await?;
+        for info in &mut found {
+            if let Some(rest) = info.key.strip_prefix(own.as_str()) {
+                info.key = rest.to_owned();
+            }
+        }
+        Ok(found)
+    }
+
+    /// Deletes whatever lease holds `key` (the Locker's prefix added), whatever its token:
+    /// `true` when a live lease was removed. An operator's tool: the holder is not told, and
+    /// learns it only at its next extend or `is_held`.
+    pub async fn force_release(&self, key: &str) -> Result<bool> {
+        let key = self.full_key(key)?;
+        self.shared.backend.force_release(&key).await
+    }
+
     /// A fresh token: every attempt sends its own, so a give-back of one attempt's grant can
     /// never delete the grant of another attempt of the same acquisition.
     fn token(&self) -> Result<String> {
@@ -188,13 +219,25 @@ impl Locker {
                 start,
                 won.attempts,
             ),
-            Err(e) => {
+            Err(mut e) => {
                 // Whatever ended the wait, our place must not hold up the queue.
                 if let (Some(queue), Some(waiter)) = (self.shared.backend.queue(), &place) {
                     let op = queue.leave(&key, waiter);
                     self.shared.rt.spawner.spawn(Box::pin(async move {
                         let _ = op.await;
                     }));
+                }
+                // Who holds the key: one read, only now that the acquisition failed (never on
+                // a retry). A backend that cannot tell, or fails to, leaves it unknown.
+                if let Error::Held {
+                    reason: HeldReason::Held,
+                    holder,
+                    ..
+                } = &mut e
+                {
+                    if let Ok(info) = self.shared.backend.inspect(&key).await {
+                        *holder = info.holder;
+                    }
                 }
                 Err(e)
             }
@@ -228,7 +271,8 @@ impl Locker {
         // under its token, so the next attempt sends it again; after any other miss (late,
         // no answer) a grant may exist under it, so the next attempt sends a token of its own.
         let first_token = self.token()?;
-        let mut token = first_token.clone();
+        let holder = options.holder.as_deref();
+        let mut token = labelled(first_token.clone(), holder);
         let mut renewals = 0u32;
         loop {
             if abort.is_some_and(Abort::is_aborted) {
@@ -303,7 +347,7 @@ impl Locker {
             };
             if missed != Some(HeldReason::Held) {
                 renewals += 1;
-                token = format!("{first_token}~{renewals}");
+                token = labelled(format!("{first_token}~{renewals}"), holder);
             }
             // The clock is read once per step: each read costs more than the arithmetic around it.
             let now = self.now()?;
@@ -326,6 +370,7 @@ impl Locker {
                     attempts: attempt,
                     elapsed_ms: now - start,
                     reason,
+                    holder: None,
                 },
                 None => self.no_answer(key, attempt, now - start),
             };
@@ -632,7 +677,7 @@ impl Locker {
         options.validate()?;
         let key = self.full_key(key)?;
         let start = self.now()?;
-        let token = self.token()?;
+        let token = labelled(self.token()?, options.holder.as_deref());
         let ttl = first_ttl(&options);
         match self
             .attempt(&key, token, ttl, start, None, None, None)
@@ -665,6 +710,7 @@ impl Locker {
                         attempts: 1,
                         elapsed_ms,
                         reason: HeldReason::LateAcquire,
+                        holder: None,
                     }),
                 }
             }
