@@ -341,6 +341,11 @@ describe('Redlock', () => {
       assert.equal(await rival.forceRelease(key), true);
       assert.equal((await rival.inspect(key)).held, false);
       assert.ok((await lock.extend(10_000).catch((x) => x)) instanceof LockLostError);
+      // A key on one server of three is no lock: not held, not listed.
+      const minority = unique('redlock-minority');
+      servers.redlock[0].cli('SET', minority, 'tok|locco:holder=alone', 'PX', '10000');
+      assert.deepEqual(await rival.inspect(minority), { held: false });
+      assert.deepEqual(await rival.list({ prefix: minority }), []);
     } finally {
       await holder.close();
       await rival.close();
