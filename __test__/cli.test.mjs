@@ -544,6 +544,38 @@ describe('inspect and release', () => {
     });
   }
 
+  it("the README's inspect and release example runs as written", async () => {
+    const readme = readFileSync(join(root, 'README.md'), 'utf8');
+    const section = readme.slice(readme.indexOf('\n### Inspecting and releasing by force\n'));
+    const block = /\n```sh\n([\s\S]*?)\n```\n/.exec(section)?.[1];
+    assert.ok(block?.includes('npx locco-rs inspect') && block.includes('npx locco-rs release'), 'no sh block with inspect and release');
+    const ready = join(dir, 'readme-nightly.ready');
+    const stop = join(dir, 'readme-nightly.stop');
+    const holding = start(['run', '--url', redis.url, '--key', 'nightly-report', '--ttl', '3s', '--holder', 'cron@host-1', '--', node, holder, ready, stop, '30000', '0']);
+    try {
+      await waitForFile(ready);
+      const npx = `npx() { [ "$1" = locco-rs ] || exit 99; shift; "$LOCCO_NODE" "$LOCCO_BIN" "$@"; }\nset -e\n`;
+      const r = await new Promise((resolve, reject) => {
+        const child = spawn('sh', ['-c', npx + block], {
+          env: { ...process.env, REDIS_URL: redis.url, LOCCO_NODE: node, LOCCO_BIN: bin },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
+        let out = '';
+        child.stdout.on('data', (d) => (out += d));
+        child.stderr.on('data', (d) => (out += d));
+        child.on('error', reject);
+        child.on('close', (code) => resolve({ code, out }));
+      });
+      assert.equal(r.code, 0, r.out);
+      assert.match(r.out, /^nightly-report +\S+ +- +cron@host-1$/m, r.out);
+      assert.match(r.out, /^released "nightly-report" held by "cron@host-1"$/m, r.out);
+      assert.equal((await holding.done).code, 4);
+    } finally {
+      writeFileSync(stop, '');
+      await holding.done;
+    }
+  });
+
   it("run's error for a held key names the holder", async () => {
     const key = newKey('named');
     const ready = join(dir, `${key}.ready`);
