@@ -307,6 +307,27 @@ describe('operator calls on backends that cannot answer them', () => {
     ]);
   });
 
+  it("a JavaScript adapter's inspect names the holder in a LockHeldError; without one the holder stays unknown", async () => {
+    const labelled = Object.assign(new MapAdapter(), {
+      async inspect() {
+        return { held: true, holder: 'js holder' };
+      },
+    });
+    for (const [adapter, expected] of [
+      [labelled, 'js holder'],
+      [new MapAdapter(), undefined],
+    ]) {
+      const locker = new Locker({ adapter });
+      await locker.acquire('k', { ttl: 5000, holder: 'js holder' });
+      const e = await locker.acquire('k', { ttl: 1000, retry: { retries: 0 } }).catch((x) => x);
+      assert.ok(e instanceof LockHeldError, String(e));
+      assert.equal(e.holder, expected);
+      const m = await locker.acquireMany(['j', 'k'], { ttl: 1000, retry: { retries: 0 } }).catch((x) => x);
+      assert.equal(m.holder, expected);
+      if (expected) assert.match(e.message, /held by "js holder"/);
+    }
+  });
+
   it('the keyPrefix applies to built-in adapters too, and list answers keys without it', async () => {
     const adapter = new InMemoryAdapter();
     const app = new Locker({ adapter, keyPrefix: 'app:' });

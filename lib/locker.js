@@ -18,7 +18,7 @@ const {
   PENDING,
 } = require('./native.js');
 const { inspect } = require('node:util');
-const { LockLostError, LockStateError, validation } = require('./errors.js');
+const { LockHeldError, LockLostError, LockStateError, validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
 const { adapterRef } = require('./adapters.js');
 
@@ -394,7 +394,27 @@ class Locker {
 
   /** Acquires `key`, retrying while another holder has it. */
   acquire(key, options) {
-    return this._acquire(0, key, options, options && options.signal);
+    const r = this._acquire(0, key, options, options && options.signal);
+    return this._jsAdapter === undefined ? r : r.catch((e) => this._withHolder(e));
+  }
+
+  /**
+   * A JavaScript adapter's LockHeldError gets the holder from its optional inspect (the
+   * engine reads a built-in backend's itself): one call, after the acquisition failed.
+   */
+  async _withHolder(error) {
+    const adapter = this._jsAdapter;
+    if (!(error instanceof LockHeldError) || error.reason !== 'held' || typeof adapter.inspect !== 'function') throw error;
+    try {
+      const info = await adapter.inspect({ key: error.key });
+      if (info && typeof info.holder === 'string' && info.held === true) {
+        error.holder = info.holder;
+        error.message = error.message.replace(' is held elsewhere:', ` is held by ${JSON.stringify(info.holder)}:`);
+      }
+    } catch {
+      // Who holds it stays unknown; the contention is the answer.
+    }
+    throw error;
   }
 
   /** One attempt: the Lock, or null when another holder has the key. */
@@ -626,7 +646,8 @@ class Locker {
         return answer(native.acquire(this._id, 2, keys, spec, opId), opId);
       };
       const run = signal !== undefined ? this._withSignal(signal, start) : Promise.resolve().then(() => start(undefined));
-      return run.then((ids) => new LockSet(ids.map((id) => this._lock(id, undefined, options))));
+      const set = run.then((ids) => new LockSet(ids.map((id) => this._lock(id, undefined, options))));
+      return this._jsAdapter === undefined ? set : set.catch((e) => this._withHolder(e));
     } catch (error) {
       return Promise.reject(error);
     }
