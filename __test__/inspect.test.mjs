@@ -341,6 +341,32 @@ describe('operator calls on backends that cannot answer them', () => {
   });
 });
 
+describe('Redis Cluster listing', () => {
+  it('walks every master, and a stray key with } outside a hash tag does not break it', async () => {
+    const adapter = new RedisAdapter({ urls: servers.cluster.map((s) => s.url), cluster: true });
+    const locker = new Locker({ adapter });
+    try {
+      const prefix = unique('spread:');
+      const locks = [];
+      for (let i = 0; i < 12; i++) locks.push(await locker.acquire(`${prefix}${i}`, { ttl: 10_000, holder: `h${i}` }));
+      const owners = new Set(locks.map((l) => servers.cluster.findIndex((s) => s.cli('EXISTS', l.key) === '1')));
+      assert.ok(owners.size > 1, 'the keys should live on several masters');
+      servers.cluster[0].cli('-c', 'SET', `${prefix}odd}key`, 'not a lock', 'PX', '10000');
+      const listed = await locker.list({ prefix });
+      const expected = locks.map((l) => l.key);
+      assert.deepEqual(
+        listed.map((k) => k.key).filter((k) => !k.includes('}')),
+        [...expected].sort(),
+      );
+      assert.equal(listed.find((k) => k.key === `${prefix}3`).holder, 'h3');
+      for (const l of locks) await l.release();
+    } finally {
+      await locker.close();
+      await adapter.close();
+    }
+  });
+});
+
 describe('Redlock', () => {
   it('shows the holder held on a majority, lists and force-releases on every server', async () => {
     const urls = servers.redlock.map((s) => s.url);

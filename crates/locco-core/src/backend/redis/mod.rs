@@ -1157,7 +1157,13 @@ fn glob_escape(s: &str) -> String {
 }
 
 async fn inspect_key(inner: &Inner, conn: &mut Conn, key: String) -> Result<KeyInfo, Failure> {
-    let keys = [key.clone(), fence_key(&key)];
+    // On a Cluster, a key with '}' but no hash tag has no fence counter in its slot (it could
+    // never be fenced): its lock alone is read.
+    let fenceless = inner.options.cluster && hash_tag(&key).is_none() && key.contains('}');
+    let mut keys = vec![key.clone()];
+    if !fenceless {
+        keys.push(fence_key(&key));
+    }
     let (value, ttl, fence): (String, i64, String) = conn
         .script(&scripts().inspect, &keys, &[])
         .await
