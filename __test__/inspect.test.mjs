@@ -341,6 +341,40 @@ describe('operator calls on backends that cannot answer them', () => {
   });
 });
 
+describe('Redis hot path', () => {
+  it('an uncontended acquire stays one SET NX, with or without holder; without it the value is the bare token', async () => {
+    const adapter = new RedisAdapter({ url: servers.redis.url });
+    const locker = new Locker({ adapter });
+    try {
+      await (await locker.acquire(unique('warm-up'), { ttl: 1000 })).release();
+      const commands = () =>
+        Object.fromEntries(
+          servers.redis
+            .cli('INFO', 'commandstats')
+            .split('\n')
+            .map((l) => /^cmdstat_([^:]+):calls=(\d+)/.exec(l.trim()))
+            .filter(Boolean)
+            .map((m) => [m[1], Number(m[2])])
+            .filter(([name]) => name !== 'info' && name !== 'config|resetstat'),
+        );
+      for (const holder of [undefined, 'worker-9']) {
+        servers.redis.cli('CONFIG', 'RESETSTAT');
+        const key = unique('hot');
+        const lock = await locker.acquire(key, holder === undefined ? { ttl: 5000 } : { ttl: 5000, holder });
+        assert.deepEqual(commands(), { set: 1 }, `holder ${holder}`);
+        const stored = servers.redis.cli('GET', key);
+        assert.equal(stored, lock.token);
+        if (holder === undefined) assert.doesNotMatch(stored, /locco:holder/);
+        else assert.ok(stored.endsWith(`|locco:holder=${holder}`), stored);
+        await lock.release();
+      }
+    } finally {
+      await locker.close();
+      await adapter.close();
+    }
+  });
+});
+
 describe('Redis Cluster listing', () => {
   it('walks every master, and a stray key with } outside a hash tag does not break it', async () => {
     const adapter = new RedisAdapter({ urls: servers.cluster.map((s) => s.url), cluster: true });
