@@ -308,8 +308,9 @@ export declare class Locker {
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
   /**
-   * What the backend knows of `key` now. Rejects on a JavaScript adapter without `inspect`
-   * and on the PostgreSQL advisory mode and Redlock, which cannot tell.
+   * What the backend knows of `key` now. Rejects on a JavaScript adapter without `inspect`.
+   * The PostgreSQL advisory mode tells `held` and `holder` only; it refuses `list` and
+   * `forceRelease`.
    *
    * @example
    * ```ts

@@ -252,18 +252,36 @@ describe('holder validation', () => {
 });
 
 describe('operator calls on backends that cannot answer them', () => {
-  it('PostgreSQL advisory mode refuses inspect, list and forceRelease, naming the mode', async () => {
-    const adapter = new PostgresAdapter({ url: servers.postgres.url, mode: 'advisory' });
-    const locker = new Locker({ adapter });
+  it('PostgreSQL advisory mode: the holding session is named after the holder; inspect tells held and holder; list and forceRelease are refused', async () => {
+    const adapters = [0, 1].map(() => new PostgresAdapter({ url: servers.postgres.url, mode: 'advisory', poolSize: 2 }));
+    const [holder, rival] = adapters.map((adapter) => new Locker({ adapter }));
     try {
-      for (const call of [() => locker.inspect('k'), () => locker.list(), () => locker.forceRelease('k')]) {
-        const e = await call().catch((x) => x);
-        assert.ok(e instanceof ValidationError, String(e));
-        assert.match(e.message, /advisory mode/);
+      const key = unique('advisory');
+      assert.deepEqual(await rival.inspect(key), { held: false });
+      const lock = await holder.acquire(key, { ttl: 10_000, holder: 'advisory worker' });
+      const e = await rival.acquire(key, { ttl: 1000, retry: { retries: 0 } }).catch((x) => x);
+      assert.ok(e instanceof LockHeldError, String(e));
+      assert.equal(e.holder, 'advisory worker');
+      assert.deepEqual(await rival.inspect(key), { held: true, holder: 'advisory worker' });
+      assert.equal(await lock.release(), true);
+      assert.deepEqual(await rival.inspect(key), { held: false });
+      // The session went back to the pool without its name: the next lock on it shows none.
+      const unnamed = await holder.acquire(unique('advisory-2'), { ttl: 10_000 });
+      assert.deepEqual(await rival.inspect(unnamed.key), { held: true });
+      await unnamed.release();
+      // A label longer than a session name is cut to fit (63 bytes with its 'locco:').
+      const long = await holder.acquire(key, { ttl: 10_000, holder: 'x'.repeat(100) });
+      assert.equal((await rival.inspect(key)).holder, 'x'.repeat(57));
+      await long.release();
+      for (const call of [() => rival.list(), () => rival.forceRelease(key)]) {
+        const err = await call().catch((x) => x);
+        assert.ok(err instanceof ValidationError, String(err));
+        assert.match(err.message, /advisory mode/);
       }
     } finally {
-      await locker.close();
-      await adapter.close();
+      await holder.close();
+      await rival.close();
+      for (const a of adapters) await a.close();
     }
   });
 

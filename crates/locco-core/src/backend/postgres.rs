@@ -258,15 +258,15 @@ impl Statements {
 /// Milliseconds left of a row's lease, by the server's clock.
 const LEFT_MS: &str = "(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::float8";
 
-/// The operator verbs are not there in the advisory mode: the server's session holds the
-/// lock, with no token, lease or label on the server to read.
+/// `list` and `forceRelease` are not there in the advisory mode: the server's session holds
+/// the lock, with no token, lease or key on the server to read (only the key's 64-bit number).
 fn advisory_refusal(verb: &str) -> Error {
     Error::validation(
         "mode",
         format!(
             "the postgres backend cannot {verb} keys in the advisory mode (the lock is a \
-             session's pg_advisory_lock, with no lease or holder stored on the server; see \
-             pg_locks); use the table mode"
+             session's pg_advisory_lock: the server keeps only the key's 64-bit number, with no \
+             key, token or lease; see pg_locks); use the table mode"
         ),
     )
 }
@@ -1026,8 +1026,8 @@ impl Backend for PostgresBackend {
             .and_then(|a| a.watch_lost(key, token))
     }
     fn inspect(&self, key: &str) -> Op<KeyInfo> {
-        if self.advisory.is_some() {
-            return Op::ready(Err(advisory_refusal("inspect")));
+        if let Some(a) = &self.advisory {
+            return a.inspect(key);
         }
         let owned = key.to_owned();
         let info = move |rows: Rows, _| {
