@@ -346,6 +346,18 @@ describe('operator calls on backends that cannot answer them', () => {
     }
   });
 
+  it("a JavaScript adapter's inspect that never answers holds the LockHeldError back by 250 ms at most", async () => {
+    const adapter = Object.assign(new MapAdapter(), { inspect: () => new Promise(() => {}) });
+    const locker = new Locker({ adapter });
+    await locker.acquire('k', { ttl: 5000 });
+    const started = performance.now();
+    const e = await locker.acquire('k', { ttl: 1000, retry: { retries: 0 } }).catch((x) => x);
+    const took = performance.now() - started;
+    assert.ok(e instanceof LockHeldError, String(e));
+    assert.equal(e.holder, undefined);
+    assert.ok(took >= 240 && took < 1000, `took ${took}`);
+  });
+
   it('the keyPrefix applies to built-in adapters too, and list answers keys without it', async () => {
     const adapter = new InMemoryAdapter();
     const app = new Locker({ adapter, keyPrefix: 'app:' });

@@ -31,6 +31,8 @@ const ACQUIRE_OPTIONS = ['ttl', 'retry', 'signal', 'autoExtend', 'holder'];
 const TRY_ACQUIRE_OPTIONS = ['ttl', 'autoExtend', 'holder'];
 const LIST_OPTIONS = ['prefix', 'limit'];
 const DEFAULT_LIST_LIMIT = 1000;
+// The longest a failed acquisition waits for a JavaScript adapter's inspect (the engine's bound).
+const HOLDER_READ_MS = 250;
 const AUTO_EXTEND_OPTIONS = ['interval', 'maxHold', 'maxEventLoopLag'];
 const BACKOFF_OPTIONS = ['base', 'max', 'factor', 'jitter'];
 
@@ -405,14 +407,21 @@ class Locker {
   async _withHolder(error) {
     const adapter = this._jsAdapter;
     if (!(error instanceof LockHeldError) || error.reason !== 'held' || typeof adapter.inspect !== 'function') throw error;
+    let timer;
     try {
-      const info = await adapter.inspect({ key: error.key });
+      // Bounded as the engine's own read is: a slow adapter leaves the holder unknown.
+      const slow = new Promise((resolve) => {
+        timer = setTimeout(resolve, HOLDER_READ_MS);
+      });
+      const info = await Promise.race([Promise.resolve().then(() => adapter.inspect({ key: error.key })), slow]);
       if (info && typeof info.holder === 'string' && info.held === true) {
         error.holder = info.holder;
         error.message = error.message.replace(' is held elsewhere:', ` is held by ${JSON.stringify(info.holder)}:`);
       }
     } catch {
       // Who holds it stays unknown; the contention is the answer.
+    } finally {
+      clearTimeout(timer);
     }
     throw error;
   }

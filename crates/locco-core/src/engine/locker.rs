@@ -34,6 +34,9 @@ thread_local! {
     static WAITER_PREFIX: String = random_token()[..16].to_owned();
 }
 
+/// The longest an acquisition that failed on contention waits to learn who holds the key.
+const HOLDER_READ_MS: f64 = 250.0;
+
 /// A waiter id: unique, and not the token (the queue may be read by others).
 fn next_waiter_id() -> String {
     let n = NEXT_WAITER.with(|c| c.replace(c.get() + 1));
@@ -228,15 +231,22 @@ impl Locker {
                     }));
                 }
                 // Who holds the key: one read, only now that the acquisition failed (never on
-                // a retry). A backend that cannot tell, or fails to, leaves it unknown.
+                // a retry), and bounded, so that it cannot hold the error back past the retry
+                // budget by much. A backend that cannot tell, fails to, or is slow to, leaves
+                // it unknown.
                 if let Error::Held {
                     reason: HeldReason::Held,
                     holder,
                     ..
                 } = &mut e
                 {
-                    if let Ok(info) = self.shared.backend.inspect(&key).await {
-                        *holder = info.holder;
+                    let read = self.shared.backend.inspect(&key);
+                    let until = self.now().ok().map(|now| now + HOLDER_READ_MS);
+                    if let (Some(until), true) = (until, holder.is_none()) {
+                        if let Bounded::Done(Ok(info)) = self.bounded(read, Some(until), None).await
+                        {
+                            *holder = info.holder;
+                        }
                     }
                 }
                 Err(e)
