@@ -1108,23 +1108,33 @@ impl Backend for RedisBackend {
         let cluster = self.inner.options.cluster;
         self.with_conn(move |inner, mut conn| async move {
             let keys = scan_keys(&inner, &mut conn, &pattern, cluster).await?;
+            let candidates: Vec<String> = keys
+                .into_iter()
+                .filter(|k| {
+                    ![":locco-q", ":locco-qt", ":locco-fence"]
+                        .iter()
+                        .any(|s| k.ends_with(s))
+                })
+                .collect();
+            // The reads of a chunk go out together, pipelined on the connection.
             let mut found = Vec::new();
-            for key in keys {
+            for chunk in candidates.chunks(256) {
+                let reads = chunk.iter().map(|key| {
+                    let (inner, mut conn, key) = (inner.clone(), conn.clone(), key.clone());
+                    async move { inspect_key(&inner, &mut conn, key).await }
+                });
+                for info in futures_util::future::join_all(reads).await {
+                    let info = info?;
+                    if info.held {
+                        found.push(info);
+                    }
+                }
                 if found.len() >= limit as usize {
                     break;
                 }
-                if [":locco-q", ":locco-qt", ":locco-fence"]
-                    .iter()
-                    .any(|s| key.ends_with(s))
-                {
-                    continue;
-                }
-                let info = inspect_key(&inner, &mut conn, key).await?;
-                if info.held {
-                    found.push(info);
-                }
             }
             found.sort_by(|a, b| a.key.cmp(&b.key));
+            found.truncate(limit as usize);
             Ok(found)
         })
     }
