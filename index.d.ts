@@ -64,6 +64,40 @@ export interface LockAdapter {
    * waits for was released while it is the head). A missed call costs a re-check, not a lock.
    */
   watchQueue?(wake: (waiter: string) => void): void;
+  /**
+   * Optional, for `locker.inspect`: what the adapter knows of `key` now (its lease's ms left,
+   * its last fencing token, the holder's label: the part of the stored token after
+   * `|locco:holder=`). Never the token. Without it, `locker.inspect` rejects naming it.
+   */
+  inspect?(input: { key: string }): Promise<KeyInfo>;
+  /** Optional, for `locker.list`: the held keys starting with `prefix`, at most `limit`. */
+  list?(input: { prefix: string; limit: number }): Promise<Array<KeyInfo & { key: string }>>;
+  /** Optional, for `locker.forceRelease`: deletes whatever lease holds `key`; true when one did. */
+  forceRelease?(input: { key: string }): Promise<boolean>;
+}
+
+/** What `locker.inspect` tells about a key. Never its token. */
+export interface KeyInfo {
+  /** A live lease holds the key. */
+  held: boolean;
+  /** Ms until the lease ends, by the backend's clock; absent when free or unknown. */
+  ttlLeft?: number;
+  /** The key's last fencing token, when the backend keeps one per key. */
+  fence?: number;
+  /** The holder's label (its `holder` option), when it gave one. */
+  holder?: string;
+}
+
+/** One held key in `locker.list`: its key (without the Locker's keyPrefix) and what inspect tells. */
+export interface HeldKey extends KeyInfo {
+  key: string;
+}
+
+export interface ListOptions {
+  /** Only keys starting with this (after the Locker's keyPrefix). Default: every key. */
+  prefix?: string;
+  /** At most this many keys. Default 1000. */
+  limit?: number;
 }
 
 export interface DelayInput {
@@ -103,11 +137,19 @@ export interface AcquireOptions {
   /** Stops the retry loop; a grant in flight is given back. acquire then rejects with signal.reason. */
   signal?: AbortSignal;
   autoExtend?: AutoExtendOptions;
+  /**
+   * A label stored with the lock (a host name and pid, a job id), shown by `locker.inspect`,
+   * `locco-rs inspect` and a rival's LockHeldError. At most 256 bytes, without `|` or control
+   * characters. Default none.
+   */
+  holder?: string;
 }
 
 export interface TryAcquireOptions {
   ttl: number;
   autoExtend?: AutoExtendOptions;
+  /** See AcquireOptions.holder. */
+  holder?: string;
 }
 
 /** Options of acquirePermit: an acquisition's options plus the semaphore's size. */
@@ -334,6 +376,37 @@ export declare class Locker {
    */
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
+  /**
+   * What the backend knows of `key` now. Rejects on a JavaScript adapter without `inspect`.
+   * The PostgreSQL advisory mode tells `held` and `holder` only; it refuses `list` and
+   * `forceRelease`.
+   *
+   * @example
+   * ```ts
+   * const { held, ttlLeft, holder } = await locker.inspect('report:daily');
+   * ```
+   */
+  inspect(key: string): Promise<KeyInfo>;
+  /**
+   * The held keys, for operators.
+   *
+   * @example
+   * ```ts
+   * for (const k of await locker.list({ prefix: 'jobs:' })) console.log(k.key, k.holder);
+   * ```
+   */
+  list(options?: ListOptions): Promise<HeldKey[]>;
+  /**
+   * Deletes whatever lease holds `key`, whoever holds it; true when one was removed. The holder
+   * is not told: it learns at its next extend or isHeld and may write until then, so only
+   * fencing tokens checked by the resource keep its late writes out.
+   *
+   * @example
+   * ```ts
+   * await locker.forceRelease('report:daily'); // the stuck holder's next extend fails
+   * ```
+   */
+  forceRelease(key: string): Promise<boolean>;
 }
 
 export interface ExponentialBackoffOptions {
@@ -358,6 +431,8 @@ export declare class LockHeldError extends LoccoError {
   readonly attempts: number;
   readonly elapsedMs: number;
   readonly reason: 'held' | 'late' | 'late-acquire';
+  /** The label of the holder that had the key, when it gave one and the backend could tell. */
+  readonly holder?: string;
 }
 export declare class LockLostError<T = unknown> extends LoccoError {
   readonly code: 'LOCK_LOST';

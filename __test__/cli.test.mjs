@@ -450,3 +450,145 @@ for (const [name, startServer, urlOf] of others) {
     });
   });
 }
+
+describe('inspect and release', () => {
+  let redis;
+  let pg;
+  before(async () => {
+    redis = await startRedis();
+    pg = await startPostgres();
+  });
+  after(async () => {
+    await redis?.dispose();
+    await pg?.dispose();
+  });
+
+  it('--help of each prints its options and exit codes; mistakes exit 2 before any backend is asked', async () => {
+    for (const [command, options] of [
+      ['inspect', ['--url', '--key', '--prefix', '--limit', '--json']],
+      ['release', ['--url', '--key', '--force']],
+    ]) {
+      const r = await cli([command, '--help']);
+      assert.equal(r.code, 0, shown(r));
+      assert.match(r.stdout, new RegExp(`^Usage: locco-rs ${command} `), shown(r));
+      for (const o of options) assert.ok(r.stdout.includes(o), `${command} ${o}`);
+      assert.match(r.stdout, /^Exit codes:/m);
+    }
+    const url = 'redis://127.0.0.1:9';
+    for (const [args, message] of [
+      [['inspect'], /--url is required/],
+      [['inspect', '--url', url, '--limit', '0'], /--limit "0"/],
+      [['inspect', '--url', url, '--key', 'a', '--prefix', 'b'], /--key or --prefix, not both/],
+      [['release', '--url', url], /--key is required/],
+      [['release', '--url', url, '--key', 'k', 'extra'], /extra/],
+    ]) {
+      const r = await cli(args);
+      assert.equal(r.code, 2, shown(r));
+      assert.match(r.stderr, message, shown(r));
+    }
+  });
+
+  for (const backend of ['Redis', 'PostgreSQL']) {
+    it(`${backend}: inspect shows a key another process holds, with its holder; release refuses without --force, frees it with it`, async () => {
+      const url = backend === 'Redis' ? redis.url : pg.url;
+      const prefix = newKey('ops');
+      const key = `${prefix}:report`;
+      const ready = join(dir, `${key}.ready`);
+      const stop = join(dir, `${key}.stop`);
+      // The holder: a locco-rs run in its own process, extending a 3 s lease every second.
+      const holding = start(['run', '--url', url, '--key', key, '--ttl', '3s', '--holder', 'nightly report (pid 7)', '--', node, holder, ready, stop, '30000', '0']);
+      try {
+        await waitForFile(ready);
+        const listed = await cli(['inspect', '--url', url, '--prefix', prefix]);
+        assert.equal(listed.code, 0, shown(listed));
+        const [head, row, ...rest] = listed.stdout.trim().split('\n');
+        assert.match(head, /^KEY +TTL LEFT +FENCE +HOLDER$/, shown(listed));
+        assert.deepEqual(rest, [], shown(listed));
+        assert.ok(row.startsWith(key), shown(listed));
+        assert.match(row, / (\d(\.\d)?s|\d+ms) +- +nightly report \(pid 7\)$/, shown(listed));
+        const json = await cli(['inspect', '--url', url, '--key', key, '--json']);
+        assert.equal(json.code, 0, shown(json));
+        const info = JSON.parse(json.stdout);
+        assert.equal(info.key, key);
+        assert.equal(info.held, true);
+        assert.equal(info.holder, 'nightly report (pid 7)');
+        assert.ok(info.ttlLeft > 0 && info.ttlLeft <= 3000, shown(json));
+        assert.equal(Object.hasOwn(info, 'token'), false);
+
+        const refused = await cli(['release', '--url', url, '--key', key]);
+        assert.equal(refused.code, 2, shown(refused));
+        assert.match(refused.stderr, /would remove the lease on .* held by "nightly report \(pid 7\)"/, shown(refused));
+        assert.match(refused.stderr, /--force/, shown(refused));
+        // Still held, by the same process, well past its next extensions.
+        await sleep(1500);
+        const still = JSON.parse((await cli(['inspect', '--url', url, '--key', key, '--json'])).stdout);
+        assert.equal(still.held, true);
+        assert.equal(existsSync(`${ready}.term`), false);
+
+        const forced = await cli(['release', '--url', url, '--key', key, '--force']);
+        assert.equal(forced.code, 0, shown(forced));
+        assert.match(forced.stdout, /^released .* held by "nightly report \(pid 7\)"/, shown(forced));
+        // The holder learns it at its next extension: its command is stopped, it exits with 4.
+        const r = await holding.done;
+        assert.equal(r.code, 4, shown(r));
+        assert.match(r.stderr, /was lost/, shown(r));
+        const free = await cli(['inspect', '--url', url, '--key', key]);
+        assert.match(free.stdout, /is free/, shown(free));
+        const again = await cli(['release', '--url', url, '--key', key, '--force']);
+        assert.equal(again.code, 1, shown(again));
+        assert.match((await cli(['inspect', '--url', url, '--prefix', prefix])).stdout, /^no held keys/);
+      } finally {
+        writeFileSync(stop, '');
+        await holding.done;
+      }
+    });
+  }
+
+  it("the README's inspect and release example runs as written", async () => {
+    const readme = readFileSync(join(root, 'README.md'), 'utf8');
+    const section = readme.slice(readme.indexOf('\n### Inspecting and releasing by force\n'));
+    const block = /\n```sh\n([\s\S]*?)\n```\n/.exec(section)?.[1];
+    assert.ok(block?.includes('npx locco-rs inspect') && block.includes('npx locco-rs release'), 'no sh block with inspect and release');
+    const ready = join(dir, 'readme-nightly.ready');
+    const stop = join(dir, 'readme-nightly.stop');
+    const holding = start(['run', '--url', redis.url, '--key', 'nightly-report', '--ttl', '3s', '--holder', 'cron@host-1', '--', node, holder, ready, stop, '30000', '0']);
+    try {
+      await waitForFile(ready);
+      const npx = `npx() { [ "$1" = locco-rs ] || exit 99; shift; "$LOCCO_NODE" "$LOCCO_BIN" "$@"; }\nset -e\n`;
+      const r = await new Promise((resolve, reject) => {
+        const child = spawn('sh', ['-c', npx + block], {
+          env: { ...process.env, REDIS_URL: redis.url, LOCCO_NODE: node, LOCCO_BIN: bin },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
+        let out = '';
+        child.stdout.on('data', (d) => (out += d));
+        child.stderr.on('data', (d) => (out += d));
+        child.on('error', reject);
+        child.on('close', (code) => resolve({ code, out }));
+      });
+      assert.equal(r.code, 0, r.out);
+      assert.match(r.out, /^nightly-report +\S+ +- +cron@host-1$/m, r.out);
+      assert.match(r.out, /^released "nightly-report" held by "cron@host-1"$/m, r.out);
+      assert.equal((await holding.done).code, 4);
+    } finally {
+      writeFileSync(stop, '');
+      await holding.done;
+    }
+  });
+
+  it("run's error for a held key names the holder", async () => {
+    const key = newKey('named');
+    const ready = join(dir, `${key}.ready`);
+    const stop = join(dir, `${key}.stop`);
+    const first = start(['run', '--url', redis.url, '--key', key, '--holder', 'first one', '--', node, holder, ready, stop, '30000', '0']);
+    try {
+      await waitForFile(ready);
+      const second = await cli(['run', '--url', redis.url, '--key', key, '--', node, '-e', '']);
+      assert.equal(second.code, 3, shown(second));
+      assert.match(second.stderr, /is held by "first one"/, shown(second));
+    } finally {
+      writeFileSync(stop, '');
+    }
+    assert.equal((await first.done).code, 0);
+  });
+});

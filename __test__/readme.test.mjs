@@ -57,6 +57,9 @@ const plans = {
       assert.ok(Number(fence) >= 1, `fence ${fence}`);
     },
   },
+  'Who holds a lock #1': {
+    stdout: /^busy: report-worker:\d+\ntrue true 1 true\nreport:daily report-worker:\d+\ntrue false$/m,
+  },
   'In-memory backend #1': {},
   'Redis and Valkey #1': { env: ['REDIS_URL'] },
   'Redlock (several independent Redis servers) #1': { stdout: /^servers: 3 function$/m },
@@ -91,6 +94,7 @@ const shell = {
   'Quick start #1': 'installs from the npm registry; __test__/package.test.mjs installs the packed tarball instead',
   'Command line #1': 'runs locco-rs against Redis; __test__/cli.test.mjs runs this block as written',
   'Checking a deployment #2': 'runs locco-rs doctor; __test__/doctor.test.mjs runs it against Redis and PostgreSQL',
+  'Inspecting and releasing by force #1': 'locco-rs inspect and release against Redis; __test__/cli.test.mjs runs this block as written',
 };
 
 it('README.md starts with exactly the two set-up commands', () => {

@@ -132,6 +132,8 @@ Options:
   --max-hold <duration>
                       the longest the lock is held; then it counts as lost and the command
                       is stopped (default: no limit)
+  --holder <label>    stored with the lock, shown by locco-rs inspect and in a rival's
+                      "held by" message (default: <hostname>:<pid>)
   -h, --help          this text
 
 Durations: 500ms, 30s, 1.5m, 1h, or a plain number of milliseconds.
@@ -153,6 +155,7 @@ const RUN_OPTIONS = {
   fencing: { type: 'boolean', default: false },
   grace: { type: 'string', default: '5s' },
   'max-hold': { type: 'string' },
+  holder: { type: 'string' },
   help: { type: 'boolean', short: 'h', default: false },
 };
 
@@ -189,22 +192,24 @@ function parseRun(args) {
     grace: parseDuration('grace', values.grace),
     maxHold,
     fencing: values.fencing,
+    holder: values.holder ?? `${require('node:os').hostname()}:${process.pid}`,
     command,
   };
 }
 
 /** Takes the lock: one attempt for wait 0, else retries until `wait` runs out or `stop` aborts. */
 async function takeLock(locker, settings, stop) {
-  const { key, ttl, wait, maxHold } = settings;
+  const { key, ttl, wait, maxHold, holder } = settings;
   const autoExtend = { maxHold };
   let lock;
   try {
     if (wait === 0) {
-      lock = await locker.tryAcquire(key, { ttl, autoExtend });
+      // One attempt, but retries: 0 rather than tryAcquire, so that a held key's error names its holder.
+      lock = await locker.acquire(key, { ttl, autoExtend, holder, signal: stop, retry: { retries: 0 } });
     } else {
       const { exponentialBackoff } = require('../index.js');
       const delay = exponentialBackoff({ base: 50, max: 1000 });
-      lock = await locker.acquire(key, { ttl, autoExtend, signal: stop, retry: { retries: Infinity, delay, timeout: wait } });
+      lock = await locker.acquire(key, { ttl, autoExtend, holder, signal: stop, retry: { retries: Infinity, delay, timeout: wait } });
     }
   } catch (error) {
     if (stop.aborted && error === stop.reason) throw error;
@@ -218,7 +223,8 @@ async function takeLock(locker, settings, stop) {
 function asExit(error, key) {
   const code = error && error.code;
   if (code === 'LOCK_HELD') {
-    const detail = error.reason === 'held' ? 'is held by another holder' : 'was granted too late and given back';
+    const by = error.holder === undefined ? 'another holder' : JSON.stringify(error.holder);
+    const detail = error.reason === 'held' ? `is held by ${by}` : 'was granted too late and given back';
     const within = error.attempts > 1 ? ` (${error.attempts} attempts in ${Math.round(error.elapsedMs)} ms)` : '';
     return new ExitError(`the lock ${JSON.stringify(key)} ${detail}${within}`, EXIT.held);
   }
@@ -369,10 +375,177 @@ async function doctor(args) {
   }
 }
 
+// ---- inspect and release: operator commands over the held keys ----
+
+const URL_OPTION_HELP = `  --url <url>         the backend (or set LOCCO_URL), as for locco-rs run`;
+
+const INSPECT_USAGE = `Usage: locco-rs inspect --url <backend-url> [--key <key> | --prefix <prefix>] [options]
+
+Shows the held locks: each key with the time its lease has left, its last fencing token
+(when the backend keeps one per key) and its holder's label (the holder option, or
+locco-rs run's --holder). Never a lock's token.
+
+Options:
+${URL_OPTION_HELP}
+  --key <key>         show this key only, held or free
+  --prefix <prefix>   show the held keys that start with <prefix> (default: all)
+  --limit <n>         show at most <n> keys (default 100)
+  --json              print JSON: an array of { key, held, ttlLeft?, fence?, holder? }
+                      (ttlLeft in ms), or one such object with --key
+  -h, --help          this text
+
+Times left are shown as durations (850ms, 12.5s, 3m); "-" when the backend cannot tell
+(etcd knows a lease's time left only in the process that holds it).
+
+Exit codes:
+  0     shown (also when no key is held)
+  2     usage error: a wrong option or URL
+  5     the backend failed, could not be reached, or cannot list or inspect keys
+
+Example:
+  locco-rs inspect --url redis://127.0.0.1:6379 --prefix jobs:`;
+
+const INSPECT_OPTIONS = {
+  url: { type: 'string' },
+  key: { type: 'string' },
+  prefix: { type: 'string', default: '' },
+  limit: { type: 'string', default: '100' },
+  json: { type: 'boolean', default: false },
+  help: { type: 'boolean', short: 'h', default: false },
+};
+
+const RELEASE_USAGE = `Usage: locco-rs release --url <backend-url> --key <key> --force
+
+Releases a lock by force: deletes whatever lease holds <key>, whoever holds it. An operator's
+tool for a holder that is stuck or gone, and a dangerous one: the holder is not told. It
+learns that the lock is lost only at its next extension (a locco-rs run then stops its
+command), and until then it may still be writing. Only fencing tokens, checked by the
+resource, keep the late writes of a holder that lost its lock out.
+
+Without --force nothing is released: locco-rs says what it would remove and exits with 2.
+
+Options:
+${URL_OPTION_HELP}
+  --key <key>         the lock's key
+  --force             really release it
+  -h, --help          this text
+
+Exit codes:
+  0     released: a live lease was removed
+  1     nothing to release: no lease held the key
+  2     usage error, or --force is missing (nothing was released)
+  5     the backend failed, could not be reached, or cannot release by force
+
+Example:
+  locco-rs release --url redis://127.0.0.1:6379 --key nightly-report --force`;
+
+const RELEASE_OPTIONS = {
+  url: { type: 'string' },
+  key: { type: 'string' },
+  force: { type: 'boolean', default: false },
+  help: { type: 'boolean', short: 'h', default: false },
+};
+
+/** Options without positionals; `--url` (or LOCCO_URL) required. */
+function parseOperator(args, options, command) {
+  let values;
+  try {
+    ({ values } = parseArgs({ args, options, allowPositionals: false, strict: true }));
+  } catch (error) {
+    throw new UsageError(error.message);
+  }
+  if (values.help) return values;
+  const url = values.url ?? process.env.LOCCO_URL;
+  if (url === undefined || url === '') throw new UsageError(`--url is required (or set LOCCO_URL): locco-rs ${command} --url <backend-url> …`);
+  if (values.key === '') throw new UsageError('--key must not be empty');
+  return { ...values, url };
+}
+
+/** Milliseconds as the shortest duration run's options accept back (850ms, 12.5s, 3m). */
+function formatDuration(ms) {
+  if (ms === undefined) return '-';
+  if (ms < 1000) return `${Math.round(ms)}ms`;
+  for (const [unit, size] of [['h', UNITS.h], ['m', UNITS.m], ['s', UNITS.s]]) {
+    if (ms >= size) return `${Number((ms / size).toFixed(1))}${unit}`;
+  }
+  return `${ms}ms`;
+}
+
+/** Runs `work(locker)` over a Locker on `url`, closing both afterwards. */
+async function withLocker(url, work) {
+  const adapter = createAdapter(url);
+  const { Locker } = require('../index.js');
+  const locker = new Locker({ adapter });
+  try {
+    return await work(locker);
+  } catch (error) {
+    throw asExit(error, undefined);
+  } finally {
+    await locker.close().catch(() => {});
+    await adapter.close().catch(() => {});
+  }
+}
+
+function table(rows) {
+  const head = ['KEY', 'TTL LEFT', 'FENCE', 'HOLDER'];
+  const cells = rows.map((r) => [r.key, formatDuration(r.ttlLeft), r.fence === undefined ? '-' : String(r.fence), r.holder ?? '-']);
+  const width = head.map((h, i) => Math.max(h.length, ...cells.map((c) => c[i].length)));
+  return [head, ...cells].map((c) => c.map((v, i) => (i === c.length - 1 ? v : v.padEnd(width[i]))).join('  ')).join('\n');
+}
+
+async function inspectCommand(args) {
+  const o = parseOperator(args, INSPECT_OPTIONS, 'inspect');
+  if (o.help) {
+    process.stdout.write(`${INSPECT_USAGE}\n`);
+    return 0;
+  }
+  if (!/^[1-9]\d*$/.test(o.limit)) throw new UsageError(`--limit ${JSON.stringify(o.limit)} is not a whole number >= 1`);
+  if (o.key !== undefined && o.prefix !== '') throw new UsageError('give --key or --prefix, not both');
+  const out = await withLocker(o.url, async (locker) => {
+    if (o.key !== undefined) return { key: o.key, ...(await locker.inspect(o.key)) };
+    return locker.list({ prefix: o.prefix, limit: Number(o.limit) });
+  });
+  if (o.json) process.stdout.write(`${JSON.stringify(out)}\n`);
+  else if (!Array.isArray(out)) {
+    process.stdout.write(out.held ? `${table([out])}\n` : `${JSON.stringify(out.key)} is free (no lease holds it)\n`);
+  } else if (out.length === 0) {
+    process.stdout.write(`no held keys${o.prefix === '' ? '' : ` start with ${JSON.stringify(o.prefix)}`}\n`);
+  } else process.stdout.write(`${table(out)}\n`);
+  return 0;
+}
+
+async function releaseCommand(args) {
+  const o = parseOperator(args, RELEASE_OPTIONS, 'release');
+  if (o.help) {
+    process.stdout.write(`${RELEASE_USAGE}\n`);
+    return 0;
+  }
+  if (o.key === undefined) throw new UsageError('--key is required');
+  const key = JSON.stringify(o.key);
+  return withLocker(o.url, async (locker) => {
+    const before = await locker.inspect(o.key);
+    const whose = before.holder === undefined ? '' : ` held by ${JSON.stringify(before.holder)}`;
+    const left = before.ttlLeft === undefined ? '' : `, ${formatDuration(before.ttlLeft)} left`;
+    if (!o.force) {
+      const what = before.held ? `would remove the lease on ${key}${whose}${left}` : `${key} is not held now; nothing would be removed`;
+      say(`${what}.\nNothing was released: a forced release does not tell the holder, which may go on writing until its next extension. Add --force to release it.`);
+      return EXIT.usage;
+    }
+    if (await locker.forceRelease(o.key)) {
+      process.stdout.write(`released ${key}${whose}\n`);
+      return 0;
+    }
+    process.stdout.write(`${key} was not held; nothing was released\n`);
+    return 1;
+  });
+}
+
 /** The subcommands: usage line for the overview, and the function that runs one. */
 const COMMANDS = {
   run: { summary: 'run a command while holding a lock', usage: RUN_USAGE, main: run },
   doctor: { summary: 'check a deployment against what the locks rely on', usage: DOCTOR_USAGE, main: doctor },
+  inspect: { summary: 'show the held locks, their time left, fence and holder', usage: INSPECT_USAGE, main: inspectCommand },
+  release: { summary: 'release a lock by force (--force), whoever holds it', usage: RELEASE_USAGE, main: releaseCommand },
 };
 
 function mainUsage() {

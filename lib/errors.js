@@ -9,14 +9,16 @@ class LoccoError extends Error {
   }
 }
 
-/** The key could not be taken within the retry budget. */
+/** The key could not be taken within the retry budget. `holder` names who had it, when known. */
 class LockHeldError extends LoccoError {
-  constructor(message, { key, attempts, elapsedMs, reason } = {}) {
+  constructor(message, { key, attempts, elapsedMs, reason, holder } = {}) {
     super(message, 'LOCK_HELD');
     this.key = key;
     this.attempts = attempts;
     this.elapsedMs = elapsedMs;
     this.reason = reason;
+    /** The current holder's label (its `holder` option), when it gave one and the backend could tell. */
+    this.holder = holder;
   }
 }
 

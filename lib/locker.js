@@ -18,7 +18,7 @@ const {
   PENDING,
 } = require('./native.js');
 const { inspect } = require('node:util');
-const { LockLostError, LockStateError, validation } = require('./errors.js');
+const { LockHeldError, LockLostError, LockStateError, validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
 const { adapterRef } = require('./adapters.js');
 
@@ -27,8 +27,12 @@ const DEFAULT_RETRY = Object.freeze({ retries: 10, delay: 200, timeout: undefine
 const NATIVE_DELAY = Symbol('locco-rs.delayId');
 const LOCKER_OPTIONS = ['adapter', 'retry', 'keyPrefix', 'onEvent', 'now', 'token', 'fencing'];
 const RETRY_OPTIONS = ['retries', 'delay', 'timeout'];
-const ACQUIRE_OPTIONS = ['ttl', 'retry', 'signal', 'autoExtend'];
-const TRY_ACQUIRE_OPTIONS = ['ttl', 'autoExtend'];
+const ACQUIRE_OPTIONS = ['ttl', 'retry', 'signal', 'autoExtend', 'holder'];
+const TRY_ACQUIRE_OPTIONS = ['ttl', 'autoExtend', 'holder'];
+const LIST_OPTIONS = ['prefix', 'limit'];
+const DEFAULT_LIST_LIMIT = 1000;
+// The longest a failed acquisition waits for a JavaScript adapter's inspect (the engine's bound).
+const HOLDER_READ_MS = 250;
 /** Read slots of a read-write lock unless `maxReaders` says otherwise: each is one look per writer. */
 const DEFAULT_MAX_READERS = 32;
 const AUTO_EXTEND_OPTIONS = ['interval', 'maxHold', 'maxEventLoopLag'];
@@ -353,6 +357,8 @@ class Locker {
     );
     this._id = id;
     this._prefix = keyPrefix;
+    // A JavaScript adapter answers the operator calls itself (see `inspect`).
+    this._jsAdapter = jsFenced === undefined ? undefined : options.adapter;
     this._retry = options.retry;
     this._closed = undefined;
     own(this, 'locker', id);
@@ -392,7 +398,34 @@ class Locker {
 
   /** Acquires `key`, retrying while another holder has it. */
   acquire(key, options) {
-    return this._acquire(0, key, options, options && options.signal);
+    const r = this._acquire(0, key, options, options && options.signal);
+    return this._jsAdapter === undefined ? r : r.catch((e) => this._withHolder(e));
+  }
+
+  /**
+   * A JavaScript adapter's LockHeldError gets the holder from its optional inspect (the
+   * engine reads a built-in backend's itself): one call, after the acquisition failed.
+   */
+  async _withHolder(error) {
+    const adapter = this._jsAdapter;
+    if (!(error instanceof LockHeldError) || error.reason !== 'held' || typeof adapter.inspect !== 'function') throw error;
+    let timer;
+    try {
+      // Bounded as the engine's own read is: a slow adapter leaves the holder unknown.
+      const slow = new Promise((resolve) => {
+        timer = setTimeout(resolve, HOLDER_READ_MS);
+      });
+      const info = await Promise.race([Promise.resolve().then(() => adapter.inspect({ key: error.key })), slow]);
+      if (info && typeof info.holder === 'string' && info.held === true) {
+        error.holder = info.holder;
+        error.message = error.message.replace(' is held elsewhere:', ` is held by ${JSON.stringify(info.holder)}:`);
+      }
+    } catch {
+      // Who holds it stays unknown; the contention is the answer.
+    } finally {
+      clearTimeout(timer);
+    }
+    throw error;
   }
 
   /** One attempt: the Lock, or null when another holder has the key. */
@@ -542,7 +575,11 @@ class Locker {
       maxHold: optionalNumber('autoExtend.maxHold', ax.maxHold),
       maxEventLoopLag: optionalNumber('autoExtend.maxEventLoopLag', ax.maxEventLoopLag),
     };
-    return { ttl, retry, autoExtend, abortId: undefined };
+    const { holder } = options;
+    if (holder !== undefined && typeof holder !== 'string') {
+      throw validation('holder', `must be a string (a label such as a host name and pid), got ${typeof holder}`);
+    }
+    return { ttl, retry, autoExtend, abortId: undefined, holder };
   }
 
   _lock(id, key, options) {
@@ -585,6 +622,82 @@ class Locker {
     return result;
   }
 
+  /**
+   * What the backend knows of `key` now: `{ held, ttlLeft?, fence?, holder? }` (ms left of
+   * the lease, the key's last fencing token, the holder's label). Never the token.
+   */
+  inspect(key) {
+    try {
+      checkKey(key);
+      const adapter = this._jsAdapter;
+      if (adapter !== undefined) {
+        const call = jsOperatorCall(adapter, 'inspect', '{ key }', '{ held, ttlLeft?, fence?, holder? }');
+        return call({ key: this._prefix + key }).then((r) => withoutKey(keyInfo(r, 'inspect')));
+      }
+      const opId = nextOpId();
+      const r = answer(native.inspectKey(this._id, key, opId), opId, undefined, 'inspect', this._prefix + key);
+      return Promise.resolve(r).then(withoutKey);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /**
+   * The held keys starting with `prefix` (after the Locker's keyPrefix), at most `limit`
+   * (default 1000): `[{ key, held: true, ttlLeft?, fence?, holder? }]`, keys without the
+   * Locker's keyPrefix, so they can be passed back to inspect or forceRelease.
+   */
+  list(options = {}) {
+    try {
+      if (!isObject(options)) throw validation('options', 'must be an object { prefix?, limit? }');
+      refuseUnknown('', options, LIST_OPTIONS);
+      const prefix = options.prefix ?? '';
+      if (typeof prefix !== 'string') throw validation('prefix', `must be a string, got ${typeof prefix}`);
+      const limit = optionalNumber('limit', options.limit) ?? DEFAULT_LIST_LIMIT;
+      const adapter = this._jsAdapter;
+      if (adapter !== undefined) {
+        const call = jsOperatorCall(adapter, 'list', '{ prefix, limit }', 'an array of { key, held, ttlLeft?, fence?, holder? }');
+        const own = this._prefix;
+        return call({ prefix: own + prefix, limit }).then((found) => {
+          if (!Array.isArray(found)) throw validation('adapter', 'list must answer an array');
+          return found
+            .map((r) => keyInfo(r, 'list'))
+            .filter((r) => r.held && r.key.startsWith(own))
+            .map((r) => ({ ...r, key: r.key.slice(own.length) }))
+            .slice(0, limit);
+        });
+      }
+      const opId = nextOpId();
+      return Promise.resolve(answer(native.listKeys(this._id, prefix, limit, opId), opId, undefined, 'list', this._prefix + prefix));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
+  /**
+   * Deletes whatever lease holds `key`, whatever its token; true when a live lease was
+   * removed. An operator's tool, and a dangerous one: the holder is not told (it learns at
+   * its next extend or isHeld, or when its heartbeat fails) and may still be writing, so only
+   * fencing tokens checked by the resource keep its late writes out.
+   */
+  forceRelease(key) {
+    try {
+      checkKey(key);
+      const adapter = this._jsAdapter;
+      if (adapter !== undefined) {
+        const call = jsOperatorCall(adapter, 'forceRelease', '{ key }', 'a boolean');
+        return call({ key: this._prefix + key }).then((r) => {
+          if (typeof r !== 'boolean') throw validation('adapter', `forceRelease must answer a boolean, got ${typeof r}`);
+          return r;
+        });
+      }
+      const opId = nextOpId();
+      return Promise.resolve(answer(native.forceRelease(this._id, key, opId), opId, undefined, 'forceRelease', this._prefix + key));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  }
+
   /** Acquires a set of keys in sorted order; one timeout budget, retries per key. */
   acquireMany(keys, options) {
     try {
@@ -599,11 +712,45 @@ class Locker {
         return answer(native.acquire(this._id, 2, keys, spec, opId), opId);
       };
       const run = signal !== undefined ? this._withSignal(signal, start) : Promise.resolve().then(() => start(undefined));
-      return run.then((ids) => new LockSet(ids.map((id) => this._lock(id, undefined, options))));
+      const set = run.then((ids) => new LockSet(ids.map((id) => this._lock(id, undefined, options))));
+      return this._jsAdapter === undefined ? set : set.catch((e) => this._withHolder(e));
     } catch (error) {
       return Promise.reject(error);
     }
   }
+}
+
+function checkKey(key) {
+  if (typeof key !== 'string') throw validation('key', `must be a string, got ${typeof key}`);
+  if (key === '') throw validation('key', 'must be a non-empty string');
+}
+
+/** The optional operator method `name` of a JavaScript adapter, or a clear refusal naming it. */
+function jsOperatorCall(adapter, name, input, output) {
+  if (typeof adapter[name] !== 'function') {
+    throw validation(
+      'adapter',
+      `this adapter has no ${name} method: add ${name}(${input}) answering ${output} to use locker.${name}`,
+    );
+  }
+  return (arg) => Promise.resolve().then(() => adapter[name](arg));
+}
+
+/** A JavaScript adapter's answer about one key, checked, with only the documented fields. */
+function keyInfo(r, method) {
+  if (!isObject(r) || typeof r.held !== 'boolean') {
+    throw validation('adapter', `${method} must answer { held: boolean, ttlLeft?, fence?, holder? }`);
+  }
+  const out = { key: typeof r.key === 'string' ? r.key : '', held: r.held };
+  if (typeof r.ttlLeft === 'number') out.ttlLeft = r.ttlLeft;
+  if (typeof r.fence === 'number') out.fence = r.fence;
+  if (typeof r.holder === 'string') out.holder = r.holder;
+  return out;
+}
+
+function withoutKey(info) {
+  const { key: _key, ...rest } = info;
+  return rest;
 }
 
 /**

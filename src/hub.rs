@@ -215,6 +215,24 @@ pub fn get_string(v: sys::napi_value) -> Option<String> {
     }
 }
 
+/// `{ key, held, ttlLeft?, fence?, holder? }`: what an operator may see of a key (never the
+/// token). Absent fields are left out, not set to undefined.
+pub fn key_info(info: &locco_core::KeyInfo) -> sys::napi_value {
+    let o = object();
+    set(o, "key", string(&info.key));
+    set(o, "held", boolean(info.held));
+    if let Some(ms) = info.ttl_left {
+        set(o, "ttlLeft", num(ms.round()));
+    }
+    if let Some(f) = info.fence {
+        set(o, "fence", num(f as f64));
+    }
+    if let Some(h) = &info.holder {
+        set(o, "holder", string(h));
+    }
+    o
+}
+
 fn object() -> sys::napi_value {
     let mut v = ptr::null_mut();
     unsafe { sys::napi_create_object(env(), &mut v) };
@@ -243,11 +261,15 @@ pub fn error_value_in(realm: u32, err: &Error) -> sys::napi_value {
             attempts,
             elapsed_ms,
             reason,
+            holder,
         } => {
             set(d, "key", string(key));
             set(d, "attempts", num(*attempts as f64));
             set(d, "elapsedMs", num(*elapsed_ms));
             set(d, "reason", string(reason.as_str()));
+            if let Some(h) = holder {
+                set(d, "holder", string(h));
+            }
             "LOCK_HELD"
         }
         Error::Lost { key, reason, cause } => {

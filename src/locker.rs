@@ -99,6 +99,8 @@ pub struct AcquireSpec {
     pub auto_extend: Option<AutoExtendSpec>,
     /// An abort handle from `createAbort`.
     pub abort_id: Option<f64>,
+    /// A label stored with the lock (`holder`).
+    pub holder: Option<String>,
 }
 
 /// A Locker; answers its id.
@@ -196,6 +198,7 @@ pub fn acquire(
         retry,
         auto_extend,
         abort_id,
+        holder,
     } = spec;
     // The retry layer first, so that a delay function it names is taken even if a later
     // check fails (the facade then hears that the engine let go of it).
@@ -211,7 +214,11 @@ pub fn acquire(
                 >>(
                 )?),
             };
-            let o = acquire_options(&l, ttl, &layer, auto_extend)?;
+            let mut o = acquire_options(&l, ttl, &layer, auto_extend)?;
+            if let Some(h) = holder {
+                o = o.with_holder(h);
+                o.validate()?;
+            }
             Ok((l, keys, o))
         });
     let (locker, keys, options) = match prepared {
@@ -240,6 +247,7 @@ pub fn acquire_holder(
         retry,
         auto_extend,
         abort_id,
+        holder,
     } = spec;
     let layer = retry_layer(retry);
     let prepared = layer.and_then(|layer| {
@@ -256,7 +264,11 @@ pub fn acquire_holder(
                 max_readers: Holders::count("maxReaders", count)?,
             },
         };
-        let options = acquire_options(&locker, ttl, &layer, auto_extend)?;
+        let mut options = acquire_options(&locker, ttl, &layer, auto_extend)?;
+        if let Some(h) = holder {
+            options = options.with_holder(h);
+            options.validate()?;
+        }
         Ok((locker, key, holders, options))
     });
     let (locker, key, holders, options) = match prepared {
@@ -345,4 +357,47 @@ pub fn abort(abort_id: f64) {
 #[napi(catch_unwind)]
 pub fn drop_abort(abort_id: f64) {
     REG.with(|r| r.borrow_mut().aborts.remove(&(abort_id as u64)));
+}
+
+/// `locker.inspect(key)`: what the backend knows of the key, never its token.
+#[napi(catch_unwind)]
+pub fn inspect_key(locker_id: f64, key: Key, op_id: f64) -> Raw {
+    match locker(locker_id).and_then(|l| Ok((l, key.get("key")?))) {
+        Ok((l, key)) => ops::run(
+            op_id,
+            async move { l.inspect(&key).await.map(Answer::Info) },
+        ),
+        Err(e) => ops::fail(e),
+    }
+}
+
+/// `locker.list({ prefix, limit })`: the held keys under the prefix.
+#[napi(catch_unwind)]
+pub fn list_keys(locker_id: f64, prefix: Key, limit: f64, op_id: f64) -> Raw {
+    let checked = locker(locker_id).and_then(|l| {
+        if !(limit.is_finite() && limit >= 1.0 && limit.fract() == 0.0 && limit <= 1e6) {
+            return Err(Error::validation(
+                "limit",
+                format!("must be a whole number from 1 to 1000000, got {limit}"),
+            ));
+        }
+        Ok((l, prefix.get("prefix")?))
+    });
+    match checked {
+        Ok((l, prefix)) => ops::run(op_id, async move {
+            l.list(&prefix, limit as u32).await.map(Answer::Infos)
+        }),
+        Err(e) => ops::fail(e),
+    }
+}
+
+/// `locker.forceRelease(key)`: deletes whatever lease holds the key.
+#[napi(catch_unwind)]
+pub fn force_release(locker_id: f64, key: Key, op_id: f64) -> Raw {
+    match locker(locker_id).and_then(|l| Ok((l, key.get("key")?))) {
+        Ok((l, key)) => ops::run(op_id, async move {
+            l.force_release(&key).await.map(Answer::Bool)
+        }),
+        Err(e) => ops::fail(e),
+    }
 }

@@ -48,6 +48,10 @@ pub enum Answer {
     Null,
     Undefined,
     Numbers(Vec<f64>),
+    /// `locker.inspect`: `{ key, held, ttlLeft?, fence?, holder? }`.
+    Info(locco_core::KeyInfo),
+    /// `locker.list`: an array of them.
+    Infos(Vec<locco_core::KeyInfo>),
 }
 
 impl Answer {
@@ -65,6 +69,18 @@ impl Answer {
                     sys::napi_create_array_with_length(env, ns.len(), &mut arr);
                     for (i, n) in ns.iter().enumerate() {
                         sys::napi_set_element(env, arr, i as u32, hub::num(*n));
+                    }
+                }
+                arr
+            }
+            Answer::Info(info) => hub::key_info(info),
+            Answer::Infos(infos) => {
+                let env = hub::env();
+                let mut arr = std::ptr::null_mut();
+                unsafe {
+                    sys::napi_create_array_with_length(env, infos.len(), &mut arr);
+                    for (i, info) in infos.iter().enumerate() {
+                        sys::napi_set_element(env, arr, i as u32, hub::key_info(info));
                     }
                 }
                 arr

@@ -12,6 +12,8 @@ import {
   exponentialBackoff,
   type AcquireOptions,
   type DelayFn,
+  type HeldKey,
+  type KeyInfo,
   type LockAdapter,
   type LockEvent,
   type LostReason,
@@ -59,6 +61,13 @@ export async function use(): Promise<number> {
   const held: boolean = await lock.isHeld();
   const signal: AbortSignal = lock.signal;
   const maybe: Lock | null = await locker.tryAcquire('t', { ttl: 100 });
+  await locker.acquire('labelled', { ttl: 100, holder: 'worker-1' });
+  const info: KeyInfo = await locker.inspect('labelled');
+  const left: number | undefined = info.ttlLeft;
+  const who: string | undefined = info.holder;
+  const listed: HeldKey[] = await locker.list({ prefix: 'l', limit: 10 });
+  const forced: boolean = await locker.forceRelease(listed[0]?.key ?? 'labelled');
+  console.log(info.held, info.fence, left, who, forced);
   await using set: LockSet = await locker.acquireMany(['a', 'b'], { ttl: 1000 });
   await using permit: Lock = await locker.acquirePermit('p', { limit: 3, ttl: 1000, retry: { timeout: 500 } });
   const spare: Lock | null = await locker.tryAcquirePermit('p', { limit: 3, ttl: 1000 });
@@ -76,7 +85,7 @@ export async function use(): Promise<number> {
   try {
     await locker.acquire('x', { ttl: 1, signal });
   } catch (e) {
-    if (e instanceof LockHeldError) console.log(e.attempts, e.elapsedMs, e.reason);
+    if (e instanceof LockHeldError) console.log(e.attempts, e.elapsedMs, e.reason, e.holder);
     if (e instanceof LockLostError) console.log(e.completed, e.result, e.reason);
     if (e instanceof ValidationError) console.log(e.field);
     if (e instanceof BackendError) console.log(e.backend, e.kind);

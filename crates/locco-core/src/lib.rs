@@ -23,6 +23,7 @@ pub use backend::redis;
 #[cfg(feature = "redis")]
 pub use backend::redlock;
 
+pub use backend::holder::{holder_of, labelled, validate_holder, HOLDER_MARK, MAX_HOLDER_BYTES};
 pub use backend::memory::MemoryBackend;
 pub use backend::queue::WakeBoard;
 #[cfg(any(
@@ -33,7 +34,9 @@ pub use backend::queue::WakeBoard;
 ))]
 pub use backend::safety;
 pub use backend::waiters::{LocalWaiters, LocalWakeups};
-pub use backend::{extend_each, Backend, Coordination, Op, Queue, Queued, Renewal, Waiter};
+pub use backend::{
+    extend_each, unsupported, Backend, Coordination, KeyInfo, Op, Queue, Queued, Renewal, Waiter,
+};
 pub use engine::clock::{
     monotonic_ms, Clock, LeaseClock, MonotonicClock, SystemSource, TimeSource,
 };

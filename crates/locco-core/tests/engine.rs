@@ -172,6 +172,16 @@ impl Backend for Gated {
     fn queue(&self) -> Option<&dyn Queue> {
         Some(self)
     }
+    // Held only when a test asks for this verb: other tests hold every answer to study the
+    // attempts, and the read after them would then wait out its bound.
+    fn inspect(&self, key: &str) -> Op<KeyInfo> {
+        if self.hold_verb.get() == Some("inspect") {
+            let (me, k) = (self.inner.clone(), key.to_owned());
+            return self.gate("inspect", move || me.inspect(&k));
+        }
+        self.calls.borrow_mut().push("inspect");
+        self.inner.inspect(key)
+    }
 }
 
 impl Queue for Gated {
@@ -1434,4 +1444,69 @@ fn a_queued_waiter_rides_out_a_failing_backend_within_its_budget() {
         ),
         "{err:?}"
     );
+}
+
+#[test]
+fn a_failed_acquisition_reads_the_holder_once_after_its_last_attempt() {
+    let mut h = Harness::new();
+    let _held = h.acquire("k", AcquireOptions::new(10_000).with_holder("worker-a"));
+    let policy = RetryPolicy {
+        retries: Some(3),
+        delay: Delay::Fixed(100.0),
+        timeout: None,
+    };
+    let task = h.spawn_acquire("k", AcquireOptions::new(100).with_retry(policy));
+    h.run_to(1250.0);
+    assert_eq!(h.backend.count("inspect"), 0, "no read while retrying");
+    h.run_to(1400.0);
+    match h.pool.run_until(task) {
+        Err(Error::Held {
+            holder, attempts, ..
+        }) => {
+            assert_eq!(holder.as_deref(), Some("worker-a"));
+            assert_eq!(attempts, 4);
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+    assert_eq!(h.backend.count("inspect"), 1);
+}
+
+#[test]
+fn a_slow_holder_read_does_not_hold_the_error_back_by_more_than_250_ms() {
+    let mut h = Harness::new();
+    let _held = h.acquire("k", AcquireOptions::new(10_000).with_holder("worker-a"));
+    h.backend.hold_verb.set(Some("inspect"));
+    h.hold_answers();
+    let policy = RetryPolicy {
+        retries: Some(1),
+        delay: Delay::Fixed(100.0),
+        timeout: None,
+    };
+    let started = h.clock.now();
+    let (locker, clock) = (h.locker.clone(), h.clock.clone());
+    let outcome: Rc<RefCell<Option<(f64, Option<String>)>>> = Rc::default();
+    let seen = outcome.clone();
+    h.pool
+        .spawner()
+        .spawn_local(async move {
+            let options = AcquireOptions::new(100).with_retry(policy);
+            match locker.acquire("k", options, None).await {
+                Err(Error::Held { holder, .. }) => *seen.borrow_mut() = Some((clock.now(), holder)),
+                other => panic!("expected Held, got {other:?}"),
+            }
+        })
+        .unwrap();
+    h.run_to(started + 1000.0);
+    // The last attempt fails at +100; the stuck read is given up 250 ms later.
+    let (at, holder) = outcome
+        .borrow()
+        .clone()
+        .expect("the acquisition never ended");
+    assert_eq!(holder, None);
+    assert!(
+        (at - (started + 350.0)).abs() <= 2.0,
+        "ended at +{}",
+        at - started
+    );
+    assert_eq!(h.backend.count("inspect"), 1);
 }

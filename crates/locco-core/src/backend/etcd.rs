@@ -53,8 +53,9 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::backend::holder::holder_of;
 use crate::backend::io::{self, redact, Failure};
-use crate::backend::{Backend, Op, Queue, Queued, Renewal, Waiter};
+use crate::backend::{Backend, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 mod doctor;
@@ -723,6 +724,108 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// What an operator sees of one stored key (`full`, the prefix included). The lease's
+    /// time left is known only for a lock this adapter holds: each holder keeps its locks'
+    /// deadlines itself (see the module docs), the key carries only the session lease.
+    fn info_of(&self, key: String, kv: &etcd_client::KeyValue) -> KeyInfo {
+        let value = String::from_utf8_lossy(kv.value());
+        let ttl_left = {
+            let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.get(&key)
+                .filter(|h| h.token.as_bytes() == kv.value() && !h.session.is_lost())
+                .map(|h| {
+                    h.deadline
+                        .saturating_duration_since(Instant::now())
+                        .as_secs_f64()
+                        * 1000.0
+                })
+        };
+        KeyInfo {
+            key,
+            held: ttl_left != Some(0.0),
+            ttl_left,
+            // The fence of a grant is the key's create revision.
+            fence: Some(kv.create_revision() as u64),
+            holder: holder_of(&value),
+        }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyInfo, Failure> {
+        let kv = self.client().await?.kv_client();
+        let got = self
+            .bounded("a read", || {
+                let (mut kv, k) = (kv.clone(), self.key(key));
+                async move { kv.get(k, None::<GetOptions>).await }
+            })
+            .await?;
+        Ok(match got.kvs().first() {
+            Some(found) => self.info_of(key.to_owned(), found),
+            None => KeyInfo {
+                key: key.to_owned(),
+                ..KeyInfo::default()
+            },
+        })
+    }
+
+    /// A range read from `<prefix><wanted>` to the end of that prefix; the queues' keys
+    /// (`<prefix>\x01q/…`) are left out.
+    async fn list(&self, wanted: &str, limit: u32) -> Result<Vec<KeyInfo>, Failure> {
+        let kv = self.client().await?.kv_client();
+        let start = self.key(wanted);
+        let end = range_end(start.as_bytes());
+        let from = match wanted.is_empty() {
+            true => format!("{}\u{2}", self.options.prefix),
+            false => start,
+        };
+        let got = self
+            .bounded("a read", || {
+                let (mut kv, from, end) = (kv.clone(), from.clone(), end.clone());
+                let options = GetOptions::new()
+                    .with_range(end)
+                    .with_limit(i64::from(limit));
+                async move { kv.get(from, Some(options)).await }
+            })
+            .await?;
+        let prefix = self.options.prefix.as_bytes();
+        Ok(got
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = kv.key().strip_prefix(prefix)?;
+                let key = String::from_utf8(key.to_vec()).ok()?;
+                Some(self.info_of(key, kv)).filter(|i| i.held)
+            })
+            .collect())
+    }
+
+    /// Deletes the key whatever it holds; `true` when it was there. A holder here forgets
+    /// it (its next extend reads the key, so it would fail anyway); waiters watching the key
+    /// see the delete as a release.
+    async fn force_release(&self, key: &str) -> Result<bool, Failure> {
+        let kv = self.client().await?.kv_client();
+        let deleted = self
+            .bounded("a release", || {
+                let (mut kv, k) = (kv.clone(), self.key(key));
+                async move { kv.delete(k, None).await }
+            })
+            .await?;
+        Ok(deleted.deleted() > 0)
+    }
+}
+
+/// The end of the range of keys that start with `prefix`: its last byte below 0xff plus one.
+fn range_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 /// A waiter's watch on its key; dropping it cancels the watch.
 struct KeyWatch {
     rx: watch::Receiver<u64>,
@@ -885,6 +988,21 @@ impl Backend for EtcdBackend {
 
     fn queue(&self) -> Option<&dyn Queue> {
         Some(self)
+    }
+
+    fn inspect(&self, key: &str) -> Op<KeyInfo> {
+        let key = key.to_owned();
+        self.run(move |inner| async move { inner.inspect(&key).await })
+    }
+
+    fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
+        let prefix = prefix.to_owned();
+        self.run(move |inner| async move { inner.list(&prefix, limit).await })
+    }
+
+    fn force_release(&self, key: &str) -> Op<bool> {
+        let key = key.to_owned();
+        self.run(move |inner| async move { inner.force_release(&key).await })
     }
 
     fn watch_lost(&self, key: &str, token: &str) -> Option<Op<()>> {

@@ -4,8 +4,9 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
+use crate::backend::holder::holder_of;
 use crate::backend::queue::{Queue, Queued, WakeBoard};
-use crate::backend::{Backend, Coordination, Op, Waiter};
+use crate::backend::{Backend, Coordination, KeyInfo, Op, Waiter};
 use crate::engine::clock::{Clock, MonotonicClock};
 
 struct Entry {
@@ -152,6 +153,18 @@ impl MemoryBackend {
         }
     }
 
+    /// What an operator sees of `key` at `now`.
+    fn info(&self, key: &str, entry: Option<&Entry>, now: f64) -> KeyInfo {
+        let live = entry.filter(|e| e.expires_at > now);
+        KeyInfo {
+            key: key.to_owned(),
+            held: live.is_some(),
+            ttl_left: live.map(|e| e.expires_at - now),
+            fence: self.fences.borrow().get(key).copied(),
+            holder: live.and_then(|e| holder_of(&e.token)),
+        }
+    }
+
     /// Runs `f` on the entry when `key` carries `token` and a live lease.
     fn ours<R>(&self, key: &str, token: &str, f: impl FnOnce(&mut Entry, f64) -> R) -> Option<R> {
         let now = self.clock.now();
@@ -207,6 +220,39 @@ impl Backend for MemoryBackend {
 
     fn coordination(&self) -> Option<&dyn Coordination> {
         Some(self)
+    }
+
+    fn inspect(&self, key: &str) -> Op<KeyInfo> {
+        let now = self.clock.now();
+        let entries = self.entries.borrow();
+        Op::ready(Ok(self.info(key, entries.get(key), now)))
+    }
+
+    fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
+        let now = self.clock.now();
+        let entries = self.entries.borrow();
+        let mut keys: Vec<&String> = entries
+            .iter()
+            .filter(|(k, e)| k.starts_with(prefix) && e.expires_at > now)
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort();
+        keys.truncate(limit as usize);
+        let found = keys
+            .into_iter()
+            .map(|k| self.info(k, entries.get(k), now))
+            .collect();
+        Op::ready(Ok(found))
+    }
+
+    fn force_release(&self, key: &str) -> Op<bool> {
+        let now = self.clock.now();
+        let removed = self.entries.borrow_mut().remove(key);
+        let live = removed.is_some_and(|e| e.expires_at > now);
+        if live {
+            self.wake_head(key);
+        }
+        Op::ready(Ok(live))
     }
 }
 

@@ -4,6 +4,7 @@
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod holder;
 #[cfg(any(
     feature = "redis",
     feature = "postgres",
@@ -156,6 +157,46 @@ pub trait Backend {
     fn queue(&self) -> Option<&dyn Queue> {
         None
     }
+    /// What the backend knows about `key` now, for operators: whether a live lease holds it,
+    /// how long that lease has left, the key's last fencing token and the holder's label.
+    /// Never the token. The default refuses, naming the backend.
+    fn inspect(&self, _key: &str) -> Op<KeyInfo> {
+        Op::ready(Err(unsupported(self.name(), "inspect")))
+    }
+    /// The keys starting with `prefix` that a live lease holds, at most `limit` of them, in
+    /// the order the backend finds them. The default refuses, naming the backend.
+    fn list(&self, _prefix: &str, _limit: u32) -> Op<Vec<KeyInfo>> {
+        Op::ready(Err(unsupported(self.name(), "list")))
+    }
+    /// Deletes whatever lease holds `key`, whatever its token: an operator's tool. `true` when
+    /// a live lease was removed. Its holder learns it at its next extend or `is_held`; a
+    /// waiter queued for the key takes its turn as after a release. The default refuses.
+    fn force_release(&self, _key: &str) -> Op<bool> {
+        Op::ready(Err(unsupported(self.name(), "forceRelease")))
+    }
+}
+
+/// What [`Backend::inspect`] and [`Backend::list`] tell about one key. Never the token.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeyInfo {
+    /// The key as the backend stores it (the Locker's prefix included).
+    pub key: String,
+    /// A live lease holds the key.
+    pub held: bool,
+    /// Milliseconds until the lease ends, by the backend's clock, when held and known.
+    pub ttl_left: Option<f64>,
+    /// The key's last fencing token, when the backend keeps one per key.
+    pub fence: Option<u64>,
+    /// The holder's label (the `holder` option of its acquisition), when it gave one.
+    pub holder: Option<String>,
+}
+
+/// The refusal of an operator verb a backend does not implement.
+pub fn unsupported(backend: &str, verb: &str) -> crate::Error {
+    crate::Error::validation(
+        "adapter",
+        format!("the {backend} backend cannot {verb} keys (it has no {verb} method)"),
+    )
 }
 
 /// One lock to renew in [`Backend::extend_many`].

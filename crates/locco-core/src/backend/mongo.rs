@@ -52,9 +52,10 @@ use mongodb::options::{
 use mongodb::results::VerboseBulkWriteResult;
 use mongodb::{Client, Collection, IndexModel};
 
+use crate::backend::holder::holder_of;
 use crate::backend::io::{self, redact, Failure};
 use crate::backend::queue::{Queue, Queued, WakeBoard};
-use crate::backend::{Backend, Op, Renewal, Waiter};
+use crate::backend::{Backend, KeyInfo, Op, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 mod doctor;
@@ -480,9 +481,18 @@ impl Inner {
         key: &str,
         token: &str,
     ) -> Result<bool, Failure> {
+        self.release_where(locks, ours_live(key, token)).await
+    }
+
+    /// [`Inner::release`] of the live lease `filter` matches.
+    async fn release_where(
+        &self,
+        locks: &Collection<Document>,
+        filter: Document,
+    ) -> Result<bool, Failure> {
         // Nobody waits (the usual case): one delete, as without a queue.
         // (A queue whose places all ran out takes the second step.)
-        let mut alone = ours_live(key, token);
+        let mut alone = filter.clone();
         alone.insert("queue", doc! { "$exists": false });
         let deleted = locks
             .delete_one(alone)
@@ -502,7 +512,7 @@ impl Inner {
             } },
         ];
         let after = locks
-            .find_one_and_update(ours_live(key, token), reserve)
+            .find_one_and_update(filter, reserve)
             .return_document(ReturnDocument::After)
             .projection(doc! { "queue": 1, "_id": 0 })
             .write_concern(self.write_concern())
@@ -962,6 +972,137 @@ impl Backend for MongoBackend {
 
     fn queue(&self) -> Option<&dyn Queue> {
         Some(self)
+    }
+
+    fn inspect(&self, key: &str) -> Op<KeyInfo> {
+        let key = key.to_owned();
+        self.run(move |inner| async move {
+            let (locks, fences) = inner.collections().await?;
+            let mut found = inner.look(&locks, doc! { "key": &key }, 1).await?;
+            let mut info = found.pop().unwrap_or(KeyInfo {
+                key: key.clone(),
+                ..KeyInfo::default()
+            });
+            let counter = fences
+                .find_one(doc! { "_id": &key })
+                .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+                .await
+                .map_err(|e| inner.failure(e))?;
+            info.fence = counter.and_then(|d| match d.get("fence") {
+                Some(Bson::Int64(n)) => Some(*n as u64),
+                Some(Bson::Int32(n)) => Some(*n as u64),
+                _ => None,
+            });
+            Ok(info)
+        })
+    }
+
+    /// A prefix regex on `key` (anchored, so it walks the unique index), then one look at
+    /// the fence counters of the keys found.
+    fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
+        let pattern = format!("^{}", regex_escape(prefix));
+        self.run(move |inner| async move {
+            let (locks, fences) = inner.collections().await?;
+            let filter = doc! { "key": { "$regex": pattern } };
+            let mut found = inner.look(&locks, filter, limit).await?;
+            let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
+            let mut counters = fences
+                .find(doc! { "_id": { "$in": keys } })
+                .await
+                .map_err(|e| inner.failure(e))?;
+            let mut by_key = std::collections::HashMap::new();
+            while counters.advance().await.map_err(|e| inner.failure(e))? {
+                let d = counters
+                    .deserialize_current()
+                    .map_err(|e| inner.failure(e))?;
+                let fence = match d.get("fence") {
+                    Some(Bson::Int64(n)) => *n as u64,
+                    Some(Bson::Int32(n)) => *n as u64,
+                    _ => continue,
+                };
+                if let Ok(k) = d.get_str("_id") {
+                    by_key.insert(k.to_owned(), fence);
+                }
+            }
+            for info in &mut found {
+                info.fence = by_key.get(&info.key).copied();
+            }
+            Ok(found)
+        })
+    }
+
+    /// Like a release by anyone's token: with live places the key stays, reserved for its
+    /// head, who is woken.
+    fn force_release(&self, key: &str) -> Op<bool> {
+        let key = key.to_owned();
+        self.run(move |inner| async move {
+            let (locks, _) = inner.collections().await?;
+            let live = doc! {
+                "key": &key,
+                "uniqueValue": { "$exists": true },
+                "$expr": { "$gt": [ "$expireAt", "$$NOW" ] },
+            };
+            inner.release_where(&locks, live).await
+        })
+    }
+}
+
+/// A string taken literally in a regular expression.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\^$.|?*+()[]{}-/".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl Inner {
+    /// The live leases among the documents `filter` matches (at most `limit`, in key order),
+    /// with the time left by the server's clock.
+    async fn look(
+        &self,
+        locks: &Collection<Document>,
+        filter: Document,
+        limit: u32,
+    ) -> Result<Vec<KeyInfo>, Failure> {
+        let mut live = filter;
+        live.insert("uniqueValue", doc! { "$exists": true });
+        live.insert("$expr", doc! { "$gt": [ "$expireAt", "$$NOW" ] });
+        let pipeline = vec![
+            doc! { "$match": live },
+            doc! { "$sort": { "key": 1 } },
+            doc! { "$limit": i64::from(limit.max(1)) },
+            doc! { "$project": {
+                "_id": 0, "key": 1, "uniqueValue": 1,
+                "left": { "$subtract": [ { "$toLong": "$expireAt" }, { "$toLong": "$$NOW" } ] },
+            } },
+        ];
+        let mut cursor = locks
+            .aggregate(pipeline)
+            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+            .await
+            .map_err(|e| self.failure(e))?;
+        let mut out = Vec::new();
+        while cursor.advance().await.map_err(|e| self.failure(e))? {
+            let d = cursor.deserialize_current().map_err(|e| self.failure(e))?;
+            let left = match d.get("left") {
+                Some(Bson::Int64(n)) => *n as f64,
+                Some(Bson::Int32(n)) => f64::from(*n),
+                Some(Bson::Double(n)) => *n,
+                _ => 0.0,
+            };
+            out.push(KeyInfo {
+                key: d.get_str("key").unwrap_or_default().to_owned(),
+                held: true,
+                ttl_left: Some(left.max(0.0)),
+                fence: None,
+                holder: d.get_str("uniqueValue").ok().and_then(holder_of),
+            });
+        }
+        Ok(out)
     }
 }
 

@@ -25,8 +25,9 @@ use crate::backend::io::{self, redact, Failure, OnAbandon};
 #[path = "postgres_advisory.rs"]
 mod advisory;
 mod doctor;
+use crate::backend::holder::holder_of;
 use crate::backend::postgres_queue::{waiters_ddl, Connect, FairStatements, Pushes};
-use crate::backend::{extend_each, Backend, Op, Queue, Queued, Renewal, Waiter};
+use crate::backend::{extend_each, Backend, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 pub use advisory::{advisory_key, Keys, Mode};
 
@@ -195,6 +196,12 @@ struct Statements {
     extend_many: String,
     is_held: String,
     sweep: String,
+    /// `$1` key: the live row's token and ms left.
+    inspect: String,
+    /// `$1` prefix, `$2` limit: the live rows' key, token and ms left, in key order.
+    list: String,
+    /// `$1` key: deletes the row whatever its token; one row `live` when there was one.
+    force_release: String,
     fair: Option<FairStatements>,
 }
 
@@ -231,9 +238,38 @@ impl Statements {
                 "SELECT 1 FROM {t} WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()"
             ),
             sweep: format!("DELETE FROM {t} WHERE expires_at <= clock_timestamp()"),
+            inspect: format!(
+                "SELECT token, {LEFT_MS} FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
+            ),
+            // `key >= $1` lets the planner walk the primary key from the prefix on (in every
+            // collation a string sorts after its prefixes); the `left` test keeps it exact.
+            list: format!(
+                "SELECT key, token, {LEFT_MS} FROM {t} WHERE key >= $1 \
+                 AND left(key, length($1)) = $1 AND expires_at > clock_timestamp() \
+                 ORDER BY key LIMIT $2"
+            ),
+            force_release: format!(
+                "DELETE FROM {t} WHERE key = $1 RETURNING expires_at > clock_timestamp()"
+            ),
             fair: n.waiters.as_ref().map(|w| FairStatements::new(t, w, &fence)),
         }
     }
+}
+
+/// Milliseconds left of a row's lease, by the server's clock.
+const LEFT_MS: &str = "(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::float8";
+
+/// `list` and `forceRelease` are not there in the advisory mode: the server's session holds
+/// the lock, with no token, lease or key on the server to read (only the key's 64-bit number).
+fn advisory_refusal(verb: &str) -> Error {
+    Error::validation(
+        "mode",
+        format!(
+            "the postgres backend cannot {verb} keys in the advisory mode (the lock is a \
+             session's pg_advisory_lock: the server keeps only the key's 64-bit number, with no \
+             key, token or lease; see pg_locks); use the table mode"
+        ),
+    )
 }
 
 struct Inner {
@@ -989,6 +1025,66 @@ impl Backend for PostgresBackend {
         self.advisory
             .as_ref()
             .and_then(|a| a.watch_lost(key, token))
+    }
+    fn inspect(&self, key: &str) -> Op<KeyInfo> {
+        if let Some(a) = &self.advisory {
+            return a.inspect(key);
+        }
+        let owned = key.to_owned();
+        let info = move |rows: Rows, _| {
+            let row = rows.first();
+            KeyInfo {
+                key: owned,
+                held: row.is_some(),
+                ttl_left: row.map(|r| r.get::<_, f64>(1).max(0.0)),
+                // The fence sequence is one for the whole table, not the key's.
+                fence: None,
+                holder: row.and_then(|r| holder_of(r.get::<_, &str>(0))),
+            }
+        };
+        self.key_op(
+            params(key, "", None),
+            |s, _| Some((&s.inspect, 1)),
+            info,
+            false,
+        )
+    }
+
+    fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
+        if self.advisory.is_some() {
+            return Op::ready(Err(advisory_refusal("list")));
+        }
+        let p: Params = vec![Box::new(prefix.to_owned()), Box::new(i64::from(limit))];
+        let found = |rows: Rows, _| {
+            rows.iter()
+                .map(|r| KeyInfo {
+                    key: r.get(0),
+                    held: true,
+                    ttl_left: Some(r.get::<_, f64>(2).max(0.0)),
+                    fence: None,
+                    holder: holder_of(r.get::<_, &str>(1)),
+                })
+                .collect()
+        };
+        self.key_op(p, |s, _| Some((&s.list, 2)), found, false)
+    }
+
+    fn force_release(&self, key: &str) -> Op<bool> {
+        if self.advisory.is_some() {
+            return Op::ready(Err(advisory_refusal("forceRelease")));
+        }
+        let live = |rows: Rows, _| rows.first().is_some_and(|r| r.get::<_, bool>(0));
+        self.key_op(
+            params(key, "", None),
+            |s, fair| {
+                Some((
+                    s.fair(fair).map_or(&s.force_release, |f| &f.force_release),
+                    1,
+                ))
+            },
+            live,
+            false,
+        )
     }
 }
 

@@ -30,8 +30,9 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 
 use super::{validation_failure, Inner};
+use crate::backend::holder::holder_of;
 use crate::backend::io::{self, Failure};
-use crate::backend::Op;
+use crate::backend::{KeyInfo, Op};
 use crate::engine::error::{BackendErrorKind, Error};
 
 /// Where the PostgreSQL backend keeps its locks.
@@ -172,6 +173,27 @@ struct Sql {
 }
 
 const RELEASE: &str = "SELECT pg_advisory_unlock($1)";
+/// The holder of the advisory lock `$1`/`$2` (as in [`HELD`]), in any session: the session's
+/// `application_name`, which a labelled lock's session carries (see [`LABEL_PREFIX`]).
+const INSPECT: &str = "SELECT COALESCE(a.application_name, '') FROM pg_locks l \
+     LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' \
+     AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 1 AND l.granted LIMIT 1";
+/// A labelled lock's session is named `locco:<holder>` while it holds the lock: the server
+/// keeps no token or lease for an advisory lock, but every session shows its name in
+/// `pg_stat_activity`. A name has at most 63 bytes, so a longer label is cut.
+const LABEL_PREFIX: &str = "locco:";
+const NAME_BYTES: usize = 63;
+
+/// The session name for a holder's label, cut at a character boundary to fit.
+fn session_name(holder: &str) -> String {
+    let mut name = format!("{LABEL_PREFIX}{holder}");
+    let mut end = name.len().min(NAME_BYTES);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name.truncate(end);
+    name
+}
 /// Whether this session holds the advisory lock `$1` (bigint locks show as classid, objid and
 /// objsubid 1 in pg_locks).
 const HELD: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
@@ -301,7 +323,16 @@ impl Advisory {
                 client.give_back();
                 return Ok(None);
             };
-            this.hold(n, token, client, sent + ms(ttl));
+            // A label names the session (one more statement, only for a labelled lock). Best
+            // effort: a lock whose name could not be set is still a lock, without a holder.
+            let mut named = false;
+            if let Some(holder) = holder_of(&token) {
+                let set = "SELECT set_config('application_name', $1, false)";
+                let name = session_name(&holder);
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&name];
+                named = client.get().execute(set, &params).await.is_ok();
+            }
+            this.hold(n, token, client, sent + ms(ttl), named);
             Ok(Some(fenced.then_some(fence as u64)))
         })
     }
@@ -336,7 +367,14 @@ impl Advisory {
     }
 
     /// Keeps a granted lock: its connection stays out of the pool with a task of its own.
-    fn hold(self: &Arc<Self>, n: i64, token: String, client: Connection, deadline: Instant) {
+    fn hold(
+        self: &Arc<Self>,
+        n: i64,
+        token: String,
+        client: Connection,
+        deadline: Instant,
+        named: bool,
+    ) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (commands, inbox) = mpsc::unbounded_channel();
         let (end, ended) = watch::channel(None);
@@ -361,6 +399,7 @@ impl Advisory {
                 deadline,
                 wait: ms(u32::try_from(this.base.options.connect_timeout_ms).unwrap_or(u32::MAX)),
                 unlocked: false,
+                named,
             };
             let (lost, released) = session.run(&this, id, inbox).await;
             if !released {
@@ -428,6 +467,36 @@ impl Advisory {
                 end.send_if_modified(|e| e.is_none() && e.replace(false).is_none());
             }
             answer
+        })
+    }
+
+    /// Whether any session holds the key's advisory lock, and its holder's label when the
+    /// holding session is named after one. The server keeps no lease or fence for it.
+    pub(super) fn inspect(&self, key: &str) -> Op<KeyInfo> {
+        let n = match self.number(key) {
+            Ok(n) => n,
+            Err(e) => return Op::ready(Err(e)),
+        };
+        let base = self.base.clone();
+        let key = key.to_owned();
+        io::run("postgres", move |abandon| async move {
+            let client = base.client(&abandon).await?;
+            let (class, obj) = ((n as u64 >> 32) as u32, n as u64 as u32);
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&class, &obj];
+            let rows = client
+                .query(INSPECT, &params)
+                .await
+                .map_err(|e| base.failure(e))?;
+            let name: Option<String> = rows.first().map(|r| r.get(0));
+            Ok(KeyInfo {
+                key,
+                held: name.is_some(),
+                ttl_left: None,
+                fence: None,
+                holder: name
+                    .and_then(|n| n.strip_prefix(LABEL_PREFIX).map(str::to_owned))
+                    .filter(|h| !h.is_empty()),
+            })
         })
     }
 
@@ -530,6 +599,8 @@ struct Session {
     wait: Duration,
     /// The last unlock worked: the connection holds no lock and may go back to the pool.
     unlocked: bool,
+    /// The session carries the holder's name, to be reset before it goes back to the pool.
+    named: bool,
 }
 
 /// What a statement on the held connection came to.
@@ -683,6 +754,13 @@ impl Session {
         let outcome = self.statement(owner, RELEASE, &[&n], |r| r.get(0)).await;
         // Unlocked, or it was not held (then the session holds nothing either).
         self.unlocked = matches!(outcome, Outcome::Answer(_));
+        if self.unlocked && self.named {
+            // A pooled session must not go on showing the holder: a name that cannot be reset
+            // closes the connection instead.
+            let reset = self.client().batch_execute("RESET application_name");
+            self.unlocked = matches!(tokio::time::timeout(self.wait, reset).await, Ok(Ok(())));
+            self.named = !self.unlocked;
+        }
         outcome
     }
 

@@ -77,6 +77,9 @@ pub(super) struct FairStatements {
     pub queued_fenced: String,
     /// Deletes our key and notifies the head; one row `live` when it was ours.
     pub release: String,
+    /// Deletes the key whatever its token and notifies the head; one row `live` when a
+    /// row was there.
+    pub force_release: String,
     /// `$1 key, $2 waiter`.
     pub leave: String,
     pub sweep: String,
@@ -127,6 +130,12 @@ impl FairStatements {
             queued_fenced: queued(fence),
             release: format!(
                 "WITH gone AS (DELETE FROM {t} WHERE key = $1 AND token = $2 \
+                 RETURNING expires_at > clock_timestamp() AS live) \
+                 SELECT live, ({notify}) FROM gone",
+                notify = notify_head(&format!("{w} n"), "")
+            ),
+            force_release: format!(
+                "WITH gone AS (DELETE FROM {t} WHERE key = $1 \
                  RETURNING expires_at > clock_timestamp() AS live) \
                  SELECT live, ({notify}) FROM gone",
                 notify = notify_head(&format!("{w} n"), "")

@@ -33,7 +33,7 @@ use std::task::Poll;
 use std::time::Instant;
 
 use crate::backend::redis::{RedisBackend, RedisOptions};
-use crate::backend::{Backend, Op};
+use crate::backend::{Backend, KeyInfo, Op};
 use crate::engine::error::{BackendErrorKind, Error, Result};
 use crate::engine::event_loop::EventLoop;
 use crate::engine::task::{LocalFuture, Spawn};
@@ -636,6 +636,95 @@ impl Backend for RedlockBackend {
     fn acquire_fenced(&self, _key: &str, _token: &str, _ttl: u32) -> Op<Option<u64>> {
         let reason = self.no_fencing_reason().unwrap_or_default();
         Op::ready(Err(Error::validation("fencing", reason)))
+    }
+    /// Every server's view; the key is held when a quorum holds it. Its time left is the
+    /// quorum's (the lease lives while a quorum of servers still has it). Fewer than a quorum
+    /// of answers is the first server's failure.
+    fn inspect(&self, key: &str) -> Op<KeyInfo> {
+        let ops: Vec<Op<KeyInfo>> = self.servers.iter().map(|s| s.inspect(key)).collect();
+        let (key, n) = (key.to_owned(), self.servers.len());
+        Op::pending(async move {
+            let answers = answered(futures_util::future::join_all(ops).await, n)?;
+            Ok(merged(key, answers.iter().collect(), n))
+        })
+    }
+
+    /// Every server's list, each key kept when a quorum of servers holds it.
+    fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
+        // Each server may list keys the others do not: each lists them all.
+        let ops: Vec<_> = self
+            .servers
+            .iter()
+            .map(|s| s.list(prefix, u32::MAX))
+            .collect();
+        let n = self.servers.len();
+        Op::pending(async move {
+            let lists = answered(futures_util::future::join_all(ops).await, n)?;
+            let mut by_key: std::collections::BTreeMap<&str, Vec<&KeyInfo>> = Default::default();
+            lists
+                .iter()
+                .flatten()
+                .for_each(|i| by_key.entry(&i.key).or_default().push(i));
+            Ok(by_key
+                .into_iter()
+                .map(|(k, seen)| merged(k.to_owned(), seen, n))
+                .filter(|i| i.held)
+                .take(limit as usize)
+                .collect())
+        })
+    }
+
+    /// Deletes the key on every server; `true` when any held it. Fewer than a quorum of
+    /// answers is a failure (the key may still be held on a quorum).
+    fn force_release(&self, key: &str) -> Op<bool> {
+        let ops: Vec<_> = self.servers.iter().map(|s| s.force_release(key)).collect();
+        let n = self.servers.len();
+        Op::pending(async move {
+            let removed = answered(futures_util::future::join_all(ops).await, n)?;
+            Ok(removed.into_iter().any(|r| r))
+        })
+    }
+}
+
+/// The answers, when at least a quorum of the `n` servers gave one; else the first failure.
+fn answered<T>(all: Vec<Result<T, Error>>, n: usize) -> Result<Vec<T>, Error> {
+    let mut first = None;
+    let mut ok = Vec::with_capacity(all.len());
+    for r in all {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    match first {
+        Some(e) if ok.len() < quorum(n) => Err(e),
+        _ => Ok(ok),
+    }
+}
+
+/// One key as `n` servers see it (`seen`: the answers that mention it).
+fn merged(key: String, seen: Vec<&KeyInfo>, n: usize) -> KeyInfo {
+    let mut held: Vec<&KeyInfo> = seen.into_iter().filter(|i| i.held).collect();
+    if held.len() < quorum(n) {
+        return KeyInfo {
+            key,
+            ..KeyInfo::default()
+        };
+    }
+    // Longest first: the quorum-th longest lease is when fewer than a quorum still hold it.
+    held.sort_by(|a, b| {
+        b.ttl_left
+            .unwrap_or(0.0)
+            .total_cmp(&a.ttl_left.unwrap_or(0.0))
+    });
+    KeyInfo {
+        key,
+        held: true,
+        ttl_left: held[quorum(n) - 1].ttl_left,
+        fence: None,
+        holder: held.iter().find_map(|i| i.holder.clone()),
     }
 }
 

@@ -198,4 +198,22 @@ impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
     fn coordination(&self) -> Option<&dyn crate::Coordination> {
         self.inner.coordination()
     }
+    fn inspect(&self, key: &str) -> crate::Op<crate::KeyInfo> {
+        self.inner.inspect(key)
+    }
+    fn list(&self, prefix: &str, limit: u32) -> crate::Op<Vec<crate::KeyInfo>> {
+        self.inner.list(prefix, limit)
+    }
+    // Like `release`: a removed lease wakes this process's next waiter for the key.
+    fn force_release(&self, key: &str) -> crate::Op<bool> {
+        let op = self.inner.force_release(key);
+        let (waiters, key) = (self.waiters.clone(), key.to_owned());
+        crate::Op::pending(async move {
+            let deleted = op.await?;
+            if deleted {
+                waiters.wake_next(&key);
+            }
+            Ok(deleted)
+        })
+    }
 }

@@ -125,12 +125,15 @@ impl fmt::Debug for ForeignError {
 pub enum Error {
     /// The key could not be taken within the retry budget: another holder had it, or the
     /// backend's grant came too late to use (see `reason`).
-    #[error("{}", held_message(key, *attempts, *elapsed_ms, *reason))]
+    #[error("{}", held_message(key, *attempts, *elapsed_ms, *reason, holder.as_deref()))]
     Held {
         key: String,
         attempts: u32,
         elapsed_ms: f64,
         reason: HeldReason,
+        /// The label of the holder that had the key when the acquisition gave up, when it
+        /// gave one and the backend could tell (read once, after the last attempt).
+        holder: Option<String>,
     },
     /// The lease was lost.
     #[error("lock {key:?} was lost ({})", reason.as_str())]
@@ -168,14 +171,23 @@ pub enum Error {
     Internal(String),
 }
 
-fn held_message(key: &str, attempts: u32, elapsed_ms: f64, reason: HeldReason) -> String {
-    match reason {
-        HeldReason::Held => format!(
+fn held_message(
+    key: &str,
+    attempts: u32,
+    elapsed_ms: f64,
+    reason: HeldReason,
+    holder: Option<&str>,
+) -> String {
+    match (reason, holder) {
+        (HeldReason::Held, Some(holder)) => format!(
+            "lock {key:?} is held by {holder:?}: gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms (held)"
+        ),
+        (HeldReason::Held, None) => format!(
             "lock {key:?} is held elsewhere: gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms (held)"
         ),
         // Nobody else has the key: the grant arrived after its lease could have ended, so it
         // was given back. Saying "held elsewhere" would send the reader after a rival.
-        late => format!(
+        (late, _) => format!(
             "lock {key:?} was not taken: the backend answered too slowly, after the lease could have ended \
              (the grant was given back); gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms ({})",
             late.as_str()

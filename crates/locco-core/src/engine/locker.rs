@@ -3,6 +3,8 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use crate::backend::holder::labelled;
+use crate::backend::KeyInfo;
 use crate::backend::{Backend, Op, Waiter};
 use crate::engine::clock::checked_now;
 use crate::engine::error::{BackendErrorKind, Error, HeldReason, LostReason, Result};
@@ -33,6 +35,9 @@ thread_local! {
     /// Unique across processes, so waiter ids from two hosts never meet in one queue.
     static WAITER_PREFIX: String = random_token()[..16].to_owned();
 }
+
+/// The longest an acquisition that failed on contention waits to learn who holds the key.
+const HOLDER_READ_MS: f64 = 250.0;
 
 /// A waiter id: unique, and not the token (the queue may be read by others).
 fn next_waiter_id() -> String {
@@ -136,6 +141,35 @@ impl Locker {
         Ok(full)
     }
 
+    /// What the backend knows about `key` (the Locker's prefix added): held or not, the
+    /// lease's time left, the key's last fence, the holder's label. Never the token.
+    pub async fn inspect(&self, key: &str) -> Result<KeyInfo> {
+        let key = self.full_key(key)?;
+        self.shared.backend.inspect(&key).await
+    }
+
+    /// The held keys that start with the Locker's prefix and `prefix`, at most `limit`.
+    /// Their `key` is given without the Locker's prefix.
+    pub async fn list(&self, prefix: &str, limit: u32) -> Result<Vec<KeyInfo>> {
+        let own = &self.shared.options.key_prefix;
+        let full = format!("{own}{prefix}");
+        let mut found = self.shared.backend.list(&full, limit).await?;
+        for info in &mut found {
+            if let Some(rest) = info.key.strip_prefix(own.as_str()) {
+                info.key = rest.to_owned();
+            }
+        }
+        Ok(found)
+    }
+
+    /// Deletes whatever lease holds `key` (the Locker's prefix added), whatever its token:
+    /// `true` when a live lease was removed. An operator's tool: the holder is not told, and
+    /// learns it only at its next extend or `is_held`.
+    pub async fn force_release(&self, key: &str) -> Result<bool> {
+        let key = self.full_key(key)?;
+        self.shared.backend.force_release(&key).await
+    }
+
     /// A fresh token: every attempt sends its own, so a give-back of one attempt's grant can
     /// never delete the grant of another attempt of the same acquisition.
     fn token(&self) -> Result<String> {
@@ -190,13 +224,32 @@ impl Locker {
                 start,
                 won.attempts,
             ),
-            Err(e) => {
+            Err(mut e) => {
                 // Whatever ended the wait, our place must not hold up the queue.
                 if let (Some(queue), Some(waiter)) = (self.shared.backend.queue(), &place) {
                     let op = queue.leave(&key, waiter);
                     self.shared.rt.spawner.spawn(Box::pin(async move {
                         let _ = op.await;
                     }));
+                }
+                // Who holds the key: one read, only now that the acquisition failed (never on
+                // a retry), and bounded, so that it cannot hold the error back past the retry
+                // budget by much. A backend that cannot tell, fails to, or is slow to, leaves
+                // it unknown.
+                if let Error::Held {
+                    reason: HeldReason::Held,
+                    holder,
+                    ..
+                } = &mut e
+                {
+                    let read = self.shared.backend.inspect(&key);
+                    let until = self.now().ok().map(|now| now + HOLDER_READ_MS);
+                    if let (Some(until), true) = (until, holder.is_none()) {
+                        if let Bounded::Done(Ok(info)) = self.bounded(read, Some(until), None).await
+                        {
+                            *holder = info.holder;
+                        }
+                    }
                 }
                 Err(e)
             }
@@ -230,7 +283,8 @@ impl Locker {
         // under its token, so the next attempt sends it again; after any other miss (late,
         // no answer) a grant may exist under it, so the next attempt sends a token of its own.
         let first_token = self.token()?;
-        let mut token = first_token.clone();
+        let holder = options.holder.as_deref();
+        let mut token = labelled(first_token.clone(), holder);
         let mut renewals = 0u32;
         loop {
             if abort.is_some_and(Abort::is_aborted) {
@@ -305,7 +359,7 @@ impl Locker {
             };
             if missed != Some(HeldReason::Held) {
                 renewals += 1;
-                token = format!("{first_token}~{renewals}");
+                token = labelled(format!("{first_token}~{renewals}"), holder);
             }
             // The clock is read once per step: each read costs more than the arithmetic around it.
             let now = self.now()?;
@@ -328,6 +382,7 @@ impl Locker {
                     attempts: attempt,
                     elapsed_ms: now - start,
                     reason,
+                    holder: None,
                 },
                 None => self.no_answer(key, attempt, now - start),
             };
@@ -638,7 +693,7 @@ impl Locker {
 
     async fn try_acquire_key(&self, key: String, options: &AcquireOptions) -> Result<Option<Lock>> {
         let start = self.now()?;
-        let token = self.token()?;
+        let token = labelled(self.token()?, options.holder.as_deref());
         let ttl = first_ttl(options);
         match self
             .attempt(&key, token, ttl, start, None, None, None)
@@ -671,6 +726,7 @@ impl Locker {
                         attempts: 1,
                         elapsed_ms,
                         reason: HeldReason::LateAcquire,
+                        holder: None,
                     }),
                 }
             }

@@ -52,6 +52,9 @@ pub struct AcquireOptions {
     /// The merged retry policy (built-in, Locker, call).
     pub retry: RetryPolicy,
     pub auto_extend: Option<AutoExtend>,
+    /// A label stored with the lock, so that others can see who holds it (see
+    /// [`crate::backend::holder`]). Default none.
+    pub holder: Option<String>,
 }
 
 impl AcquireOptions {
@@ -60,7 +63,13 @@ impl AcquireOptions {
             ttl,
             retry: RetryPolicy::default(),
             auto_extend: None,
+            holder: None,
         }
+    }
+
+    pub fn with_holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = Some(holder.into());
+        self
     }
 
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
@@ -76,6 +85,9 @@ impl AcquireOptions {
     /// Checks every field; the error names the field.
     pub fn validate(&self) -> Result<()> {
         validate_ttl("ttl", self.ttl as f64)?;
+        if let Some(h) = &self.holder {
+            crate::backend::holder::validate_holder(h)?;
+        }
         if let Some(t) = self.retry.timeout {
             crate::engine::retry::non_negative("retry.timeout", t)?;
         }

@@ -13,8 +13,9 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Script};
 
+use crate::backend::holder::holder_of;
 use crate::backend::io::{self, redact, runtime, Failure};
-use crate::backend::{extend_each, Backend, Op, Queue, Queued, Renewal, Waiter};
+use crate::backend::{extend_each, Backend, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 mod doctor;
@@ -202,6 +203,32 @@ if (v == ARGV[1] or v == ARGV[1] .. '|locco:waited') and redis.call('PTTL', KEYS
 end
 return 0";
 
+/// What an operator sees of a key: KEYS[1] the lock, KEYS[2] its fence counter. Answers
+/// {value, ms left, last fence}: '' for a key that no lease holds (absent, reserved for a
+/// waiter, or not a string), and '' for a key that never took a fencing token.
+const INSPECT: &str = r"
+local v, ttl = '', -2
+if redis.call('TYPE', KEYS[1]).ok == 'string' then
+  v = redis.call('GET', KEYS[1])
+  if string.sub(v, 1, #'locco:reserved|') == 'locco:reserved|' then
+    v = ''
+  else
+    ttl = redis.call('PTTL', KEYS[1])
+  end
+end
+local f = ''
+if KEYS[2] and redis.call('TYPE', KEYS[2]).ok == 'string' then f = redis.call('GET', KEYS[2]) end
+return {v, ttl, f}";
+
+/// Removes whoever holds the key, whatever its token: a held key goes to the head of its
+/// queue (reserved and woken, as after a release) or is deleted. A key reserved for a
+/// waiter has no holder and is left alone. Same KEYS as a release on a Cluster.
+const FORCE_RELEASE_BODY: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, #RESERVED) == RESERVED then return 0 end
+hand_over()
+return 1";
+
 /// The value of a key reserved for the head of its queue, before the head's place (the
 /// scripts' `RESERVED`).
 const RESERVED_PREFIX: &str = "locco:reserved|";
@@ -219,6 +246,8 @@ struct Scripts {
     extend: Script,
     extend_many: Script,
     is_held: Script,
+    inspect: Script,
+    force_release: Script,
 }
 
 fn scripts() -> &'static Scripts {
@@ -232,6 +261,8 @@ fn scripts() -> &'static Scripts {
         extend: Script::new(EXTEND),
         extend_many: Script::new(EXTEND_MANY),
         is_held: Script::new(IS_HELD),
+        inspect: Script::new(INSPECT),
+        force_release: queued(FORCE_RELEASE_BODY),
     })
 }
 
@@ -1063,6 +1094,163 @@ impl Backend for RedisBackend {
     fn queue(&self) -> Option<&dyn Queue> {
         Some(self)
     }
+
+    fn inspect(&self, key: &str) -> Op<KeyInfo> {
+        let key = key.to_owned();
+        self.with_conn(
+            move |inner, mut conn| async move { inspect_key(&inner, &mut conn, key).await },
+        )
+    }
+
+    /// SCAN MATCH over the keys (on a Cluster, over each master), then one inspection per
+    /// key found; a queue's, a place list's or a fence counter's keys are skipped.
+    fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
+        let pattern = format!("{}*", glob_escape(prefix));
+        let cluster = self.inner.options.cluster;
+        self.with_conn(move |inner, mut conn| async move {
+            let keys = scan_keys(&inner, &mut conn, &pattern, cluster).await?;
+            let candidates: Vec<String> = keys
+                .into_iter()
+                .filter(|k| {
+                    ![":locco-q", ":locco-qt", ":locco-fence"]
+                        .iter()
+                        .any(|s| k.ends_with(s))
+                })
+                .collect();
+            // The reads of a chunk go out together, pipelined on the connection.
+            let mut found = Vec::new();
+            for chunk in candidates.chunks(256) {
+                let reads = chunk.iter().map(|key| {
+                    let (inner, mut conn, key) = (inner.clone(), conn.clone(), key.clone());
+                    async move { inspect_key(&inner, &mut conn, key).await }
+                });
+                for info in futures_util::future::join_all(reads).await {
+                    let info = info?;
+                    if info.held {
+                        found.push(info);
+                    }
+                }
+                if found.len() >= limit as usize {
+                    break;
+                }
+            }
+            found.sort_by(|a, b| a.key.cmp(&b.key));
+            found.truncate(limit as usize);
+            Ok(found)
+        })
+    }
+
+    fn force_release(&self, key: &str) -> Op<bool> {
+        if let Err(e) = self.check_key(key) {
+            return Op::ready(Err(e));
+        }
+        let keys = self.keys(key, false);
+        self.with_conn(move |inner, mut conn| async move {
+            let removed: i64 = conn
+                .script(&scripts().force_release, &keys, &[])
+                .await
+                .map_err(|e| inner.failure(e))?;
+            Ok(removed == 1)
+        })
+    }
+}
+
+/// `*`, `?`, `[`, `]` and `\\` taken literally in a SCAN MATCH pattern.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+async fn inspect_key(inner: &Inner, conn: &mut Conn, key: String) -> Result<KeyInfo, Failure> {
+    // On a Cluster, a key with '}' but no hash tag has no fence counter in its slot (it could
+    // never be fenced): its lock alone is read.
+    let fenceless = inner.options.cluster && hash_tag(&key).is_none() && key.contains('}');
+    let mut keys = vec![key.clone()];
+    if !fenceless {
+        keys.push(fence_key(&key));
+    }
+    let (value, ttl, fence): (String, i64, String) = conn
+        .script(&scripts().inspect, &keys, &[])
+        .await
+        .map_err(|e| inner.failure(e))?;
+    // A key without an expiry (PTTL -1) is no lease of ours; -2 is gone.
+    let held = !value.is_empty() && ttl > 0;
+    Ok(KeyInfo {
+        key,
+        held,
+        ttl_left: held.then_some(ttl as f64),
+        fence: fence.parse::<u64>().ok(),
+        holder: held.then(|| holder_of(&value)).flatten(),
+    })
+}
+
+/// Every key matching `pattern`: one SCAN walk, on a Cluster one per master.
+async fn scan_keys(
+    inner: &Inner,
+    conn: &mut Conn,
+    pattern: &str,
+    cluster: bool,
+) -> Result<Vec<String>, Failure> {
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
+    let scan = |cursor: &str| {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000);
+        cmd
+    };
+    let mut keys = Vec::new();
+    let Conn::Cluster(c) = conn else {
+        let mut cursor = "0".to_owned();
+        loop {
+            let (next, batch): (String, Vec<String>) = conn
+                .query(&scan(&cursor))
+                .await
+                .map_err(|e| inner.failure(e))?;
+            keys.extend(batch);
+            if next == "0" {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    };
+    debug_assert!(cluster);
+    // The first page from every master at once (answered per node address), then each
+    // master's walk on its own.
+    let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+    let first = c
+        .route_command(scan("0"), all)
+        .await
+        .map_err(|e| inner.failure(e))?;
+    let per_node: Vec<(String, (String, Vec<String>))> =
+        redis::from_redis_value(first).map_err(|e| inner.failure(e.into()))?;
+    for (addr, (mut cursor, batch)) in per_node {
+        keys.extend(batch);
+        let (host, port) = addr.rsplit_once(':').unwrap_or((&addr, "6379"));
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port: port.parse().unwrap_or(6379),
+        });
+        while cursor != "0" {
+            let page = c
+                .route_command(scan(&cursor), route.clone())
+                .await
+                .map_err(|e| inner.failure(e))?;
+            let (next, batch): (String, Vec<String>) =
+                redis::from_redis_value(page).map_err(|e| inner.failure(e.into()))?;
+            keys.extend(batch);
+            cursor = next;
+        }
+    }
+    Ok(keys)
 }
 
 impl Queue for RedisBackend {

@@ -207,6 +207,7 @@ impl<'a> Turns<'a> {
             attempts: self.attempt,
             elapsed_ms: now - self.start,
             reason: HeldReason::Held,
+            holder: None,
         }
     }
 }
@@ -281,7 +282,7 @@ impl Locker {
                 let attempt = self
                     .attempt(
                         slot,
-                        self.token()?,
+                        labelled(self.token()?, options.holder.as_deref()),
                         ttl,
                         sent_at,
                         turns.budget_end,
@@ -378,6 +379,7 @@ impl Locker {
                     attempts,
                     elapsed_ms,
                     reason,
+                    holder: None,
                 },
                 other => other,
             })?;
