@@ -57,6 +57,7 @@ const plans = {
       assert.ok(Number(fence) >= 1, `fence ${fence}`);
     },
   },
+  'Semaphores and read-write locks #1': { stdout: /rendered under renderer:permit:\d[\s\S]*^null\nwriting with fence \d+$/m },
   'Who holds a lock #1': {
     stdout: /^busy: report-worker:\d+\ntrue true 1 true\nreport:daily report-worker:\d+\ntrue false$/m,
   },
