@@ -1,12 +1,14 @@
 // Every built-in backend as a spec a child process can rebuild: { kind, options }. `start()`
 // starts the backend's server once for a test file and answers { spec, dispose }.
+import { execFileSync } from 'node:child_process';
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { EtcdAdapter } from 'locco-rs/etcd';
 import { MongoAdapter } from 'locco-rs/mongo';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { RedisAdapter, RedlockAdapter } from 'locco-rs/redis';
 import { MapAdapter } from './map-adapter.mjs';
-import { startEtcd, startMongo, startPostgres, startRedis } from './servers.mjs';
+import { freePort, startEtcd, startMongo, startPostgres, startRedis } from './servers.mjs';
+import { until } from './adapters.mjs';
 
 const local = (kind) => async () => ({ spec: { kind, options: {} }, dispose: async () => {} });
 
@@ -19,6 +21,27 @@ export const HOLDER_BACKENDS = [
     async start() {
       const redis = await startRedis();
       return { spec: { kind: 'redis', options: { url: redis.url } }, dispose: () => redis.dispose() };
+    },
+  },
+  {
+    name: 'Redis Cluster (3 masters)',
+    fair: true,
+    async start() {
+      const nodes = [];
+      try {
+        for (let i = 0; i < 3; i++) {
+          const busPort = await freePort();
+          nodes.push(await startRedis({ args: ['--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-port', String(busPort)] }));
+        }
+        const addresses = nodes.map((n) => `127.0.0.1:${n.port}`);
+        execFileSync('redis-cli', ['--cluster', 'create', ...addresses, '--cluster-replicas', '0', '--cluster-yes'], { stdio: 'ignore' });
+        await until(() => nodes.every((n) => n.cli('CLUSTER', 'INFO').includes('cluster_state:ok')), 15_000);
+      } catch (e) {
+        await Promise.all(nodes.map((n) => n.dispose()));
+        throw e;
+      }
+      const options = { urls: nodes.map((n) => n.url), cluster: true };
+      return { spec: { kind: 'redis', options }, dispose: () => Promise.all(nodes.map((n) => n.dispose())) };
     },
   },
   {
