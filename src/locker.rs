@@ -157,6 +157,7 @@ pub(crate) fn acquire_options(
     ttl: f64,
     layer: &RetryOverrides,
     auto_extend: Option<AutoExtendSpec>,
+    holder: Option<String>,
 ) -> Result<AcquireOptions, Error> {
     validate_ttl("ttl", ttl)?;
     let retry = locker.retry().clone().merged(layer);
@@ -179,8 +180,16 @@ pub(crate) fn acquire_options(
             max_event_loop_lag,
         });
     }
+    if let Some(h) = holder {
+        options = options.with_holder(h);
+    }
     options.validate()?;
     Ok(options)
+}
+
+/// The abort handle `createAbort` made, when the call names one.
+fn abort_of(abort_id: Option<f64>) -> Option<Abort> {
+    abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&(id as u64)).cloned()))
 }
 
 /// Acquires. `mode`: 0 acquire (retries), 1 tryAcquire (one attempt, null when held), 2
@@ -214,18 +223,14 @@ pub fn acquire(
                 >>(
                 )?),
             };
-            let mut o = acquire_options(&l, ttl, &layer, auto_extend)?;
-            if let Some(h) = holder {
-                o = o.with_holder(h);
-                o.validate()?;
-            }
+            let o = acquire_options(&l, ttl, &layer, auto_extend, holder)?;
             Ok((l, keys, o))
         });
     let (locker, keys, options) = match prepared {
         Ok(p) => p,
         Err(e) => return ops::fail(e),
     };
-    let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&(id as u64)).cloned()));
+    let abort = abort_of(abort_id);
     start_acquire(locker_id, locker, mode, keys, options, abort, op_id)
 }
 
@@ -264,18 +269,14 @@ pub fn acquire_holder(
                 max_readers: Holders::count("maxReaders", count)?,
             },
         };
-        let mut options = acquire_options(&locker, ttl, &layer, auto_extend)?;
-        if let Some(h) = holder {
-            options = options.with_holder(h);
-            options.validate()?;
-        }
+        let options = acquire_options(&locker, ttl, &layer, auto_extend, holder)?;
         Ok((locker, key, holders, options))
     });
     let (locker, key, holders, options) = match prepared {
         Ok(p) => p,
         Err(e) => return ops::fail(e),
     };
-    let abort = abort_id.and_then(|id| REG.with(|r| r.borrow().aborts.get(&(id as u64)).cloned()));
+    let abort = abort_of(abort_id);
     ops::run(op_id, async move {
         let lock = locker
             .acquire_holder(&key, holders, options, abort, once)
