@@ -95,6 +95,26 @@ describe('Redis', () => {
       await adapter.close();
     }
   });
+
+  // A key that is no longer a string (here a hash, written behind the locker's back) is not
+  // ours. Reading it with GET raised WRONGTYPE and failed the whole batch, so every lock in it
+  // failed to extend until its lease ran out.
+  it('a key turned into a hash among many is lost alone', async () => {
+    const adapter = new RedisAdapter({ url: redis.url });
+    const locker = new Locker({ adapter });
+    try {
+      await oneLostAmongMany({
+        locker,
+        prefix: 'redis-type:',
+        remove: (key) => {
+          assert.equal(redis.cli('DEL', key), '1');
+          assert.equal(redis.cli('HSET', key, 'f', 'v'), '1');
+        },
+      });
+    } finally {
+      await adapter.close();
+    }
+  });
 });
 
 describe('PostgreSQL', () => {

@@ -152,7 +152,7 @@ return {0, -1}";
 /// names `lock_keys` gives there). A standalone server does not need a script's keys declared;
 /// a Cluster does (to route it), and gets all three.
 const RELEASE_FAST: &str = r"
-local v = redis.call('GET', KEYS[1])
+local v = redis.call('MGET', KEYS[1])[1]
 if v == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 if v ~= ARGV[1] .. '|locco:waited' then return 0 end
 ";
@@ -170,9 +170,10 @@ if v == false or v == RESERVED .. ARGV[1] then hand_over() end
 return 1";
 
 /// A new lease for our own live key. An expired key is gone, so GET finds nothing and the key
-/// is never re-created.
+/// is never re-created. The scripts that check a token read it with MGET, which finds nothing
+/// in a key of another type where GET raises WRONGTYPE: such a key is not ours either.
 const EXTEND: &str = r"
-local v = redis.call('GET', KEYS[1])
+local v = redis.call('MGET', KEYS[1])[1]
 if v == ARGV[1] or v == ARGV[1] .. '|locco:waited' then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -180,12 +181,13 @@ return 0";
 
 /// EXTEND for each key, all with one ttl: ARGV is the ttl, then a token per key. Answers a
 /// string with one character per key, `1` (extended) or `0`: one reply value, not one each.
+/// One MGET reads every value: a `redis.call` per key costs more than the GET itself.
 const EXTEND_MANY: &str = r"
 local ttl = ARGV[1]
+local values = redis.call('MGET', unpack(KEYS))
 local out = {}
 for i = 1, #KEYS do
-  local token = ARGV[i + 1]
-  local v = redis.call('GET', KEYS[i])
+  local token, v = ARGV[i + 1], values[i]
   if v == token or v == token .. '|locco:waited' then
     redis.call('PEXPIRE', KEYS[i], ttl)
     out[i] = '1'
@@ -195,9 +197,12 @@ for i = 1, #KEYS do
 end
 return table.concat(out)";
 
+/// The most keys one EXTEND_MANY call takes.
+const MAX_KEYS_PER_SCRIPT: usize = 1000;
+
 /// Our token, with a lease still running.
 const IS_HELD: &str = r"
-local v = redis.call('GET', KEYS[1])
+local v = redis.call('MGET', KEYS[1])[1]
 if (v == ARGV[1] or v == ARGV[1] .. '|locco:waited') and redis.call('PTTL', KEYS[1]) > 0 then
   return 1
 end
@@ -1012,6 +1017,10 @@ impl Backend for RedisBackend {
                 groups.len() - 1
             });
             groups[at].push(i);
+            // The script unpacks its keys onto Lua's stack, which holds about 8,000.
+            if groups[at].len() == MAX_KEYS_PER_SCRIPT {
+                by_group.remove(&(slot, r.ttl));
+            }
         }
         let script = &scripts().extend_many;
         let calls: Vec<(Vec<usize>, redis::Cmd)> = groups
