@@ -217,7 +217,15 @@ fn now_plus(ttl: u32) -> Document {
 
 /// The document is ours and its lease still runs.
 fn ours_live(key: &str, token: &str) -> Document {
-    doc! { "key": key, "uniqueValue": token, "$expr": { "$gt": [ "$expireAt", "$$NOW" ] } }
+    live(doc! { "key": key, "uniqueValue": token })
+}
+
+/// The documents `filter` matches whose lease still runs by the server's clock. The clock test
+/// is an `$expr` beside the filter in an `$and`, not a field of it: MongoDB plans both the same,
+/// but a planner that gives up on a filter with `$expr` in it (secantusd-rs does) would scan the
+/// whole collection for every release and extension instead of using the key's index.
+fn live(filter: Document) -> Document {
+    doc! { "$and": [ filter, { "$expr": { "$gt": [ "$expireAt", "$$NOW" ] } } ] }
 }
 
 /// A driver error as a sentence: the error kind's own text, without the driver's labels and
@@ -664,13 +672,12 @@ impl Inner {
         for (i, (_, _, ttl)) in renewals.iter().enumerate() {
             by_ttl.entry(*ttl).or_default().push(i);
         }
-        let live = doc! { "$gt": [ "$expireAt", "$$NOW" ] };
         let updates = by_ttl.iter().map(|(ttl, group)| {
             let any: Vec<Document> = group
                 .iter()
                 .map(|&i| doc! { "key": &renewals[i].0, "uniqueValue": &renewals[i].1 })
                 .collect();
-            let filter = doc! { "$or": any, "$expr": live.clone() };
+            let filter = live(doc! { "$or": any });
             let update = vec![doc! { "$set": { "expireAt": now_plus(*ttl) } }];
             async move {
                 let changed = locks
@@ -703,7 +710,7 @@ impl Inner {
         }
         let keys: Vec<&str> = unsure.iter().map(|&i| renewals[i].0.as_str()).collect();
         let mut found = locks
-            .find(doc! { "key": { "$in": keys }, "$expr": live })
+            .find(live(doc! { "key": { "$in": keys } }))
             .projection(doc! { "key": 1, "uniqueValue": 1, "_id": 0 })
             // Every document in the first reply: no getMore round trips.
             .batch_size(u32::try_from(unsure.len()).unwrap_or(u32::MAX))
@@ -1037,12 +1044,8 @@ impl Backend for MongoBackend {
         let key = key.to_owned();
         self.run(move |inner| async move {
             let (locks, _) = inner.collections().await?;
-            let live = doc! {
-                "key": &key,
-                "uniqueValue": { "$exists": true },
-                "$expr": { "$gt": [ "$expireAt", "$$NOW" ] },
-            };
-            inner.release_where(&locks, live).await
+            let held = live(doc! { "key": &key, "uniqueValue": { "$exists": true } });
+            inner.release_where(&locks, held).await
         })
     }
 }
@@ -1068,11 +1071,10 @@ impl Inner {
         filter: Document,
         limit: u32,
     ) -> Result<Vec<KeyInfo>, Failure> {
-        let mut live = filter;
-        live.insert("uniqueValue", doc! { "$exists": true });
-        live.insert("$expr", doc! { "$gt": [ "$expireAt", "$$NOW" ] });
+        let mut held = filter;
+        held.insert("uniqueValue", doc! { "$exists": true });
         let pipeline = vec![
-            doc! { "$match": live },
+            doc! { "$match": live(held) },
             doc! { "$sort": { "key": 1 } },
             doc! { "$limit": i64::from(limit.max(1)) },
             doc! { "$project": {
