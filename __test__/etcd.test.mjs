@@ -6,7 +6,7 @@ import { after, before, describe, it } from 'node:test';
 import { BackendError, Locker, ValidationError } from 'locco-rs';
 import { EtcdAdapter } from 'locco-rs/etcd';
 import { makeTestCertificates, startEtcd, startEtcdCluster } from './support/servers.mjs';
-import { sleep, until } from './support/adapters.mjs';
+import { heldThroughFlood, sleep, until } from './support/adapters.mjs';
 
 const b64 = (s) => Buffer.from(s).toString('base64');
 
@@ -64,6 +64,14 @@ describe('EtcdAdapter on a 3-member cluster', () => {
     cluster = await startEtcdCluster({ size: 3 });
   });
   after(() => cluster.dispose());
+
+  // As on MongoDB: a heartbeat must not wait behind thousands of acquisitions on the I/O
+  // thread.
+  it('renews a held lock while thousands of acquisitions are in flight', async (t) => {
+    await using adapter = new EtcdAdapter({ endpoints: cluster.endpoints, prefix: 'flood/' });
+    const seconds = await heldThroughFlood(assert, new Locker({ adapter, retry: { retries: 0 } }), { prefix: 'flood:', count: 8000 });
+    t.diagnostic(`flood of 8000 took ${seconds.toFixed(1)} s`);
+  });
 
   it('stores a lock as its token under the prefix, on one session lease for every lock', async () => {
     await using adapter = new EtcdAdapter({ endpoints: cluster.endpoints, prefix: 'shape/' });

@@ -4,6 +4,7 @@ import { MongoClient } from 'mongodb';
 import { Locker, ValidationError } from 'locco-rs';
 import { MongoAdapter, mongoLocksIndexes } from 'locco-rs/mongo';
 import { freePort, startMongo } from './support/servers.mjs';
+import { heldThroughFlood } from './support/adapters.mjs';
 
 describe('MongoAdapter', () => {
   let mongo;
@@ -31,6 +32,18 @@ describe('MongoAdapter', () => {
     const lock = await locker.tryAcquire('k', { ttl: 1000 });
     assert.notEqual(lock, null);
     assert.equal(await lock.release(), true);
+  });
+
+  // The I/O thread takes the requests sent to it in order: a heartbeat sent behind thousands
+  // of acquisitions started seconds later, after its lock's lease had run out.
+  it('renews a held lock while thousands of acquisitions are in flight', async (t) => {
+    const adapter = new MongoAdapter({ url: mongo.url, dbName: 'flood' });
+    try {
+      const seconds = await heldThroughFlood(assert, new Locker({ adapter, retry: { retries: 0 } }), { prefix: 'flood:', count: 8000 });
+      t.diagnostic(`flood of 8000 took ${seconds.toFixed(1)} s`);
+    } finally {
+      await adapter.close();
+    }
   });
 
   it('describes its indexes in the shape createIndexes takes', () => {

@@ -3,7 +3,7 @@ import { after, before, describe, it } from 'node:test';
 import { Locker, ValidationError } from 'locco-rs';
 import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
 import { freePort, makeTestCertificates, startPostgres } from './support/servers.mjs';
-import { sleep, until } from './support/adapters.mjs';
+import { heldThroughFlood, sleep, until } from './support/adapters.mjs';
 
 /** `url` with one more query parameter. */
 const withParam = (url, param) => `${url}${url.includes('?') ? '&' : '?'}${param}`;
@@ -78,6 +78,18 @@ describe('PostgresAdapter', () => {
     pg = await startPostgres();
   });
   after(() => pg.dispose());
+
+  // As on MongoDB: a heartbeat must not wait behind thousands of acquisitions on the I/O
+  // thread.
+  it('renews a held lock while thousands of acquisitions are in flight', async (t) => {
+    const adapter = new PostgresAdapter({ url: pg.url, tableName: 'flood' });
+    try {
+      const seconds = await heldThroughFlood(assert, new Locker({ adapter, retry: { retries: 0 } }), { prefix: 'flood:', count: 20_000 });
+      t.diagnostic(`flood of 20000 took ${seconds.toFixed(1)} s`);
+    } finally {
+      await adapter.close();
+    }
+  });
 
   it('refuses table names that could carry SQL, before any SQL is sent', () => {
     const shapes = [

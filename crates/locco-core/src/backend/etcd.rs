@@ -120,6 +120,7 @@ struct Held {
 
 struct Inner {
     options: EtcdOptions,
+    lane: io::Lane,
     client: tokio::sync::OnceCell<Client>,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     held: Mutex<HashMap<String, Held>>,
@@ -282,6 +283,7 @@ impl EtcdBackend {
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
                 options,
+                lane: io::Lane::default(),
                 client: tokio::sync::OnceCell::new(),
                 session: tokio::sync::Mutex::new(None),
                 held: Mutex::new(HashMap::new()),
@@ -316,7 +318,7 @@ impl EtcdBackend {
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
         let inner = self.inner.clone();
-        io::run("etcd", move |_| work(inner))
+        io::run_in(&self.inner.lane, "etcd", move |_| work(inner))
     }
 }
 
@@ -952,7 +954,11 @@ impl Backend for EtcdBackend {
             .iter()
             .map(|r| (r.key.to_owned(), r.token.to_owned(), r.ttl))
             .collect();
-        let op = self.run(move |inner| async move { inner.extend_many(&renewals).await });
+        // A heartbeat does not wait for room in the lane.
+        let inner = self.inner.clone();
+        let op = io::run("etcd", move |_| async move {
+            inner.extend_many(&renewals).await
+        });
         match op {
             Op::Ready(answer) => {
                 Op::Ready(answer.map(|all| all.map(|v| v.into_iter().map(Ok).collect())))

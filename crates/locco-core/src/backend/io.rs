@@ -121,10 +121,52 @@ impl OnAbandon {
     }
 }
 
+/// How many of one backend's requests run on the I/O thread at once (see [`Lane`]).
+const LANE_WIDTH: usize = 128;
+
+/// A backend's share of the I/O thread: at most [`LANE_WIDTH`] of its requests run at once,
+/// the rest wait their turn, in order, on the engine's side. The thread serves the tasks sent
+/// to it in the order they came, and between its own tasks, so a heartbeat sent behind 8,000
+/// acquisitions started seconds later, after its lock's lease had run out. Heartbeats ([`run`]) do not
+/// wait for a place. Only short requests take one: a place held for as long as a lock lives
+/// would shut the lane.
+#[derive(Clone)]
+pub(crate) struct Lane(Arc<tokio::sync::Semaphore>);
+
+impl Default for Lane {
+    fn default() -> Self {
+        Lane(Arc::new(tokio::sync::Semaphore::new(LANE_WIDTH)))
+    }
+}
+
+/// [`run`] for an ordinary request: it starts once `lane` has room for it.
+pub(crate) fn run_in<T: Send + 'static, F>(
+    lane: &Lane,
+    backend: &'static str,
+    work: impl FnOnce(OnAbandon) -> F,
+) -> Op<T>
+where
+    F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+{
+    spawn(Some(lane), backend, work)
+}
+
 /// Runs `work` on the I/O thread and answers on the engine's thread. When the engine stops
 /// waiting, a registered [`OnAbandon`] runs (a cancel request) and the work is awaited to its
 /// end, so a connection goes back to its pool healthy; without one the work is dropped.
+/// It starts at once: for heartbeats, and for work that lasts (see [`Lane`]).
 pub(crate) fn run<T: Send + 'static, F>(
+    backend: &'static str,
+    work: impl FnOnce(OnAbandon) -> F,
+) -> Op<T>
+where
+    F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+{
+    spawn(None, backend, work)
+}
+
+fn spawn<T: Send + 'static, F>(
+    lane: Option<&Lane>,
     backend: &'static str,
     work: impl FnOnce(OnAbandon) -> F,
 ) -> Op<T>
@@ -135,7 +177,7 @@ where
     let abandon = OnAbandon::default();
     let trigger_abandon = abandon.clone();
     let fut = std::panic::AssertUnwindSafe(work(abandon.clone())).catch_unwind();
-    runtime().spawn(async move {
+    let task = async move {
         let mut fut = std::pin::pin!(fut);
         let answer = tokio::select! {
             answer = &mut fut => answer,
@@ -159,8 +201,32 @@ where
                 format!("the {backend} driver panicked: {text}"),
             ))
         }));
-    });
+    };
+    // A request without room waits here, on the engine's side: the I/O thread takes tasks
+    // sent from other threads only between its own, so a waiting task there would still
+    // queue ahead of a heartbeat. Dropped while it waits, it never starts.
+    let waiting = match lane.map(|l| l.0.clone().try_acquire_owned().map_err(|_| l)) {
+        None => {
+            runtime().spawn(task);
+            None
+        }
+        Some(Ok(place)) => {
+            runtime().spawn(holding(place, task));
+            None
+        }
+        Some(Err(lane)) => {
+            let lane = lane.0.clone();
+            Some(async move {
+                if let Ok(place) = lane.acquire_owned().await {
+                    runtime().spawn(holding(place, task));
+                }
+            })
+        }
+    };
     Op::pending(async move {
+        if let Some(waiting) = waiting {
+            waiting.await;
+        }
         match rx.await {
             Ok(r) => r.map_err(Failure::into_error),
             Err(_) => Err(Error::Internal(format!(
@@ -171,6 +237,12 @@ where
     .with_abandon(move || {
         abandon.trigger();
     })
+}
+
+/// `task`, giving its place in a lane back when it ends.
+async fn holding(place: tokio::sync::OwnedSemaphorePermit, task: impl std::future::Future) {
+    task.await;
+    drop(place);
 }
 
 /// Sleeps on the I/O thread's timer; for a bound on something that runs elsewhere.

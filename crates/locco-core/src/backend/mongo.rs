@@ -142,6 +142,7 @@ struct Inner {
     /// Whether the server takes `bulkWrite` (`BULK_*`): learned on the first batch of
     /// extensions.
     bulk_write: AtomicU8,
+    lane: io::Lane,
 }
 
 /// Locks in a MongoDB collection.
@@ -186,6 +187,7 @@ impl MongoBackend {
                 pushes_started: AtomicBool::new(false),
                 stop: Arc::new(tokio::sync::Notify::new()),
                 bulk_write: AtomicU8::new(BULK_UNKNOWN),
+                lane: io::Lane::default(),
             }),
         })
     }
@@ -206,7 +208,7 @@ impl MongoBackend {
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
         let inner = self.inner.clone();
-        io::run("mongo", move |_| work(inner))
+        io::run_in(&self.inner.lane, "mongo", move |_| work(inner))
     }
 }
 
@@ -927,7 +929,11 @@ impl Backend for MongoBackend {
             .iter()
             .map(|r| (r.key.to_owned(), r.token.to_owned(), r.ttl))
             .collect();
-        let op = self.run(move |inner| async move { inner.extend_many(&renewals).await });
+        // A heartbeat does not wait for room in the lane.
+        let inner = self.inner.clone();
+        let op = io::run("mongo", move |_| async move {
+            inner.extend_many(&renewals).await
+        });
         let each = |all: Vec<Result<bool, Failure>>| {
             all.into_iter()
                 .map(|r| r.map_err(Failure::into_error))

@@ -285,6 +285,7 @@ struct Inner {
     table_ready: tokio::sync::OnceCell<bool>,
     sequence_ready: tokio::sync::OnceCell<()>,
     closed: std::sync::atomic::AtomicBool,
+    lane: io::Lane,
     pushes: Pushes,
     /// Counts the pooled connections that ended, so an advisory lock's holder learns at once
     /// that its session is gone.
@@ -505,6 +506,7 @@ impl PostgresBackend {
             table_ready: tokio::sync::OnceCell::new(),
             sequence_ready: tokio::sync::OnceCell::new(),
             closed: Default::default(),
+            lane: io::Lane::default(),
             pushes,
             ended,
         });
@@ -551,7 +553,9 @@ impl PostgresBackend {
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
         let inner = self.inner.clone();
-        io::run("postgres", move |abandon| work(inner, abandon))
+        io::run_in(&self.inner.lane, "postgres", move |abandon| {
+            work(inner, abandon)
+        })
     }
 
     /// One statement on one key. `query` picks it, knowing whether the table has a usable
@@ -564,7 +568,20 @@ impl PostgresBackend {
         answer: impl FnOnce(Vec<tokio_postgres::Row>, bool) -> T + Send + 'static,
         fenced: bool,
     ) -> Op<T> {
-        self.run(move |inner, abandon| async move {
+        self.statement(Some(&self.inner.lane), params, query, answer, fenced)
+    }
+
+    /// [`Self::key_op`] in `lane`, or at once without one (a heartbeat).
+    fn statement<T: Send + 'static>(
+        &self,
+        lane: Option<&io::Lane>,
+        params: Params,
+        query: impl FnOnce(&Statements, bool) -> Option<(&String, usize)> + Send + 'static,
+        answer: impl FnOnce(Vec<tokio_postgres::Row>, bool) -> T + Send + 'static,
+        fenced: bool,
+    ) -> Op<T> {
+        let inner = self.inner.clone();
+        let work = move |abandon: OnAbandon| async move {
             let client = inner.client(&abandon).await?;
             let fair = inner.ready(&client).await?;
             if fenced {
@@ -585,7 +602,11 @@ impl PostgresBackend {
                 drop(deadpool_postgres::Object::take(client));
             }
             Ok(answer(rows?, fair))
-        })
+        };
+        match lane {
+            Some(lane) => io::run_in(lane, "postgres", work),
+            None => io::run("postgres", work),
+        }
     }
 }
 
@@ -974,7 +995,8 @@ impl Backend for PostgresBackend {
                 .map(|pair| renewed.contains(&pair))
                 .collect::<Vec<bool>>()
         };
-        each_ok(self.key_op(p, |s, _| Some((&s.extend_many, 3)), renewed, false))
+        // A heartbeat does not wait for room in the lane.
+        each_ok(self.statement(None, p, |s, _| Some((&s.extend_many, 3)), renewed, false))
     }
 
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
