@@ -227,24 +227,28 @@ class Lock {
     if (this._end !== undefined) return Promise.resolve(false);
     try {
       const opId = nextOpId();
+      const r = fast.release(this._id, final, opId);
+      // Deleted and forgotten within the call: the answer is the token (see src/fast.rs).
+      if (typeof r === 'string') return Promise.resolve(this._afterRelease(true, r));
       const after = (deleted) => this._afterRelease(deleted);
-      const r = answer(fast.release(this._id, final, opId), opId, after, 'release', this._key, true);
-      return typeof r === 'boolean' ? Promise.resolve(this._afterRelease(r)) : r;
+      const a = answer(r, opId, after, 'release', this._key, true);
+      return typeof a === 'boolean' ? Promise.resolve(this._afterRelease(a)) : a;
     } catch (error) {
       return Promise.reject(error);
     }
   }
 
-  _afterRelease(deleted) {
+  /** `token`: given when the engine has already forgotten the lock (its numbers in endValues). */
+  _afterRelease(deleted, token) {
     if (this._released === undefined) this._released = deleted;
     lossHandlers.delete(this._id);
-    if (this._end === undefined) this._forget();
+    if (this._end === undefined) this._forget(token);
     return deleted;
   }
 
   /** Once released, the lock's state is final: the engine forgets it and this object keeps it. */
-  _forget() {
-    const token = fast.lockEnd(this._id);
+  _forget(ended) {
+    const token = ended ?? fast.lockEnd(this._id);
     if (token === null || token === undefined) return;
     const fence = endValues[1];
     this._end = { token, heldMs: endValues[0], fence: Number.isNaN(fence) ? undefined : fence, ttl: endValues[2] };

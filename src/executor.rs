@@ -82,6 +82,9 @@ pub struct Executor {
     behind: Cell<bool>,
     /// Set by `teardown`: nothing runs or is kept from then on.
     closed: Cell<bool>,
+    /// A waker that an operation finished at its first poll never handed out: the next
+    /// `run_now` takes it (and its unused id) instead of allocating one.
+    spare: RefCell<Option<(u64, Arc<TaskWaker>)>>,
     remote: Arc<Remote>,
 }
 
@@ -96,6 +99,7 @@ thread_local! {
         draining: Cell::new(false),
         behind: Cell::new(false),
         closed: Cell::new(false),
+        spare: RefCell::new(None),
         remote: Arc::new(Remote {
             owner: std::thread::current().id(),
             queue: Mutex::default(),
@@ -142,10 +146,23 @@ impl Executor {
         mut fut: Pin<Box<dyn Future<Output = T>>>,
         on_done: impl FnOnce(T) + 'static,
     ) -> Option<T> {
-        let id = self.next_id.get();
-        self.next_id.set(id + 1);
-        let waker = self.waker(id);
-        if let Poll::Ready(v) = fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+        let spare = self.spare.borrow_mut().take();
+        let (id, task_waker) = match spare {
+            Some(pair) => pair,
+            None => {
+                let id = self.next_id.get();
+                self.next_id.set(id + 1);
+                (id, self.task_waker(id))
+            }
+        };
+        let waker = Waker::from(task_waker.clone());
+        let polled = fut.as_mut().poll(&mut Context::from_waker(&waker));
+        drop(waker);
+        if let Poll::Ready(v) = polled {
+            // Nobody kept a clone, so no wake can ever name this id: it may serve again.
+            if Arc::strong_count(&task_waker) == 1 {
+                *self.spare.borrow_mut() = Some((id, task_waker));
+            }
             return Some(v);
         }
         if self.closed.get() {
@@ -156,11 +173,15 @@ impl Executor {
         None
     }
 
-    fn waker(&self, id: u64) -> Waker {
-        Waker::from(Arc::new(TaskWaker {
+    fn task_waker(&self, id: u64) -> Arc<TaskWaker> {
+        Arc::new(TaskWaker {
             id,
             remote: self.remote.clone(),
-        }))
+        })
+    }
+
+    fn waker(&self, id: u64) -> Waker {
+        Waker::from(self.task_waker(id))
     }
 
     fn poll_task(&self, id: u64, mut fut: LocalFuture<()>) {
@@ -185,9 +206,12 @@ impl Executor {
         if self.draining.replace(true) {
             return;
         }
-        let started = Instant::now();
+        // Read only once there is work: most drains (after a call that woke nobody) find none.
+        let mut started: Option<Instant> = None;
         loop {
-            if !self.ready.borrow().is_empty() && started.elapsed() >= DRAIN_BUDGET {
+            if !self.ready.borrow().is_empty()
+                && started.get_or_insert_with(Instant::now).elapsed() >= DRAIN_BUDGET
+            {
                 // Through setImmediate, not the threadsafe function: Node runs the queued
                 // calls of that one in a single turn, which would not let the loop run.
                 if crate::hub::call(crate::hub::Fn_::Resume, &[]).is_ok() {

@@ -162,17 +162,31 @@ unsafe extern "C" fn acquire_ttl(
     })
 }
 
-/// `release(lockId, finalAttempt, opId)`.
+/// `release(lockId, finalAttempt, opId)`: as the binding's release, or the token of a lock
+/// released and forgotten within the call (its numbers are in the facade's array then).
 unsafe extern "C" fn release(env: sys::napi_env, info: sys::napi_callback_info) -> sys::napi_value {
     guarded(env, || {
-        let [lock, final_attempt, op] = args::<3>(env, info);
+        let ([lock, final_attempt, op], end) = args_and_data::<3>(env, info);
         crate::lock::release(
             number(env, lock),
             boolean(env, final_attempt),
             number(env, op),
+            end_values(end),
         )
         .0
     })
+}
+
+/// The facade's array behind a function's callback data.
+///
+/// # Safety
+/// `end` is this facade's record (never freed), and its Float64Array, kept alive by a
+/// reference, has `len` slots.
+unsafe fn end_values<'a>(end: *mut std::ffi::c_void) -> &'a mut [f64] {
+    match (end as *const EndValues).as_ref() {
+        Some(e) if !e.data.is_null() => std::slice::from_raw_parts_mut(e.data, e.len),
+        _ => &mut [][..],
+    }
 }
 
 /// `lockEnd(lockId)`: the token of a cleanly released lock, which the engine then forgets
@@ -183,13 +197,7 @@ unsafe extern "C" fn lock_end(
 ) -> sys::napi_value {
     guarded(env, || {
         let ([lock], end) = args_and_data::<1>(env, info);
-        // SAFETY: `end` is this facade's record (never freed), and its Float64Array, kept
-        // alive by a reference, has `len` slots.
-        let out = match (end as *const EndValues).as_ref() {
-            Some(e) if !e.data.is_null() => std::slice::from_raw_parts_mut(e.data, e.len),
-            _ => &mut [][..],
-        };
-        let answer: Raw = match crate::lock::lock_end(number(env, lock), out) {
+        let answer: Raw = match crate::lock::lock_end(number(env, lock), end_values(end)) {
             Some(token) => Raw(crate::hub::string(&token)),
             None => Raw(crate::hub::null()),
         };

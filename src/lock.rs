@@ -111,11 +111,21 @@ pub(crate) fn with_lock(lock_id: f64, op_id: f64, f: impl FnOnce(Lock) -> Raw) -
 
 /// Releases a lock; answers whether our key was deleted. `final_attempt`: nobody will try
 /// again (await using, withLock), so a failure also stops the heartbeat (see `fast`).
-pub fn release(lock_id: f64, final_attempt: bool, op_id: f64) -> Raw {
+///
+/// A release that deleted our key within the call also forgets the lock at once, as
+/// [`lock_end`] would (writing into `out`), and answers its token instead of `true`: the
+/// facade then needs no second call.
+pub fn release(lock_id: f64, final_attempt: bool, op_id: f64, out: &mut [f64]) -> Raw {
     with_lock(lock_id, op_id, |l| {
-        ops::run(op_id, async move {
+        let done = ops::start(op_id, async move {
             l.release(final_attempt).await.map(Answer::Bool)
-        })
+        });
+        if let Some(Ok(Answer::Bool(true))) = done {
+            if let Some(token) = lock_end(lock_id, out) {
+                return Raw(crate::hub::string(&token));
+            }
+        }
+        ops::finish(done)
     })
 }
 

@@ -129,6 +129,15 @@ fn flatten(r: Result<Result<Answer, Error>, String>) -> Result<Answer, Error> {
 
 /// Runs an engine operation for JavaScript (see the module docs).
 pub fn run(op_id: f64, fut: impl Future<Output = Result<Answer, Error>> + 'static) -> Raw {
+    finish(start(op_id, fut))
+}
+
+/// The first part of [`run`]: the answer when the operation finished within the call, `None`
+/// when it goes on (and settles `op_id` later).
+pub fn start(
+    op_id: f64,
+    fut: impl Future<Output = Result<Answer, Error>> + 'static,
+) -> Option<Result<Answer, Error>> {
     // The facade that started the operation hears of its end (see `hub::realm_of`).
     let realm = hub::realm_of(op_id);
     let settle = move |r| {
@@ -146,7 +155,12 @@ pub fn run(op_id: f64, fut: impl Future<Output = Result<Answer, Error>> + 'stati
     // Tasks this call woke (a waiter handed the key on release) run before it returns; one of
     // them may be this operation, which then settles before the facade waits: it keeps that.
     executor::drain();
-    match done.map(flatten) {
+    done.map(flatten)
+}
+
+/// The rest of [`run`]: what JavaScript receives for what [`start`] answered.
+pub fn finish(done: Option<Result<Answer, Error>>) -> Raw {
+    match done {
         None => Raw(hub::num(PENDING)),
         Some(Ok(a)) => Raw(a.to_js()),
         Some(Err(e)) => fail(e),

@@ -84,7 +84,12 @@ impl MemoryBackend {
 
     /// Pushes a wake to the head of `key`'s queue, when the key is free.
     fn wake_head(&self, key: &str) {
-        let now = self.clock.now();
+        self.wake_head_at(key, self.clock.now());
+    }
+
+    /// [`Self::wake_head`] with the clock already read: each reading costs more than the
+    /// map lookups of a whole release.
+    fn wake_head_at(&self, key: &str, now: f64) {
         if self.live_until(key, now).is_none() {
             if let Some(head) = self.head(key, now) {
                 self.board.wake(&head);
@@ -102,8 +107,14 @@ impl MemoryBackend {
 
     /// A grant for `key`, when it is free and `waiter` may take it: nobody waits, or it is
     /// the head of the queue (then it leaves the queue).
-    fn grant_in_turn(&self, key: &str, token: &str, ttl: u32, waiter: Option<&str>) -> bool {
-        let now = self.clock.now();
+    fn grant_in_turn(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: Option<&str>,
+        now: f64,
+    ) -> bool {
         if self.live_until(key, now).is_some() {
             return false;
         }
@@ -120,7 +131,7 @@ impl MemoryBackend {
             }
             Some(_) => return false,
         }
-        self.grant(key, token, ttl)
+        self.grant(key, token, ttl, now)
     }
 
     fn fence_next(&self, key: &str) -> u64 {
@@ -130,8 +141,7 @@ impl MemoryBackend {
         *fence
     }
 
-    fn grant(&self, key: &str, token: &str, ttl: u32) -> bool {
-        let now = self.clock.now();
+    fn grant(&self, key: &str, token: &str, ttl: u32, now: f64) -> bool {
         let expires_at = now + ttl as f64;
         let mut entries = self.entries.borrow_mut();
         match entries.get_mut(key) {
@@ -182,14 +192,24 @@ impl Backend for MemoryBackend {
     }
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
-        Op::ready(Ok(self.grant_in_turn(key, token, ttl, None)))
+        let now = self.clock.now();
+        Op::ready(Ok(self.grant_in_turn(key, token, ttl, None, now)))
     }
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
-        let ours = self.ours(key, token, |_, _| ()).is_some();
+        let now = self.clock.now();
+        let ours = {
+            let mut entries = self.entries.borrow_mut();
+            let ours = entries
+                .get(key)
+                .is_some_and(|e| e.token == token && e.expires_at > now);
+            if ours {
+                entries.remove(key);
+            }
+            ours
+        };
         if ours {
-            self.entries.borrow_mut().remove(key);
-            self.wake_head(key);
+            self.wake_head_at(key, now);
         }
         Op::ready(Ok(ours))
     }
@@ -208,7 +228,7 @@ impl Backend for MemoryBackend {
     }
 
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
-        if !self.grant_in_turn(key, token, ttl, None) {
+        if !self.grant_in_turn(key, token, ttl, None, self.clock.now()) {
             return Op::ready(Ok(None));
         }
         Op::ready(Ok(Some(self.fence_next(key))))
@@ -250,7 +270,7 @@ impl Backend for MemoryBackend {
         let removed = self.entries.borrow_mut().remove(key);
         let live = removed.is_some_and(|e| e.expires_at > now);
         if live {
-            self.wake_head(key);
+            self.wake_head_at(key, now);
         }
         Op::ready(Ok(live))
     }
@@ -266,11 +286,11 @@ impl Queue for MemoryBackend {
         lease: u32,
         fenced: bool,
     ) -> Op<Queued> {
-        if self.grant_in_turn(key, token, ttl, Some(waiter)) {
+        let now = self.clock.now();
+        if self.grant_in_turn(key, token, ttl, Some(waiter), now) {
             let fence = fenced.then(|| self.fence_next(key));
             return Op::ready(Ok(Queued::Granted(fence)));
         }
-        let now = self.clock.now();
         let expires_at = now + lease as f64;
         let mut queues = self.queues.borrow_mut();
         let queue = queues.entry(key.to_owned()).or_default();

@@ -85,6 +85,8 @@ enum Attempt {
         token: String,
         sent_at: f64,
         fence: Option<u64>,
+        /// The clock reading that judged the grant in time.
+        at: f64,
     },
     /// Answered: held by another, or granted too late to use (and given back); with the
     /// latest useful moment to try again (ms), when the backend's queue knows it.
@@ -223,6 +225,7 @@ impl Locker {
                 options,
                 start,
                 won.attempts,
+                Some(won.at),
             ),
             Err(mut e) => {
                 // Whatever ended the wait, our place must not hold up the queue.
@@ -307,7 +310,12 @@ impl Locker {
             // The first attempt is a plain try, as cheap as without a queue (a try never takes
             // a key promised to a waiter). When we may wait, later attempts are queued; when
             // the try found the key taken, we join the queue at once, in the same attempt.
-            if attempt == 1 && self.shared.backend.queue().is_some() && policy.retries != Some(0) {
+            // A first try that won needs no place, so it makes no waiter id either.
+            if attempt == 1
+                && self.shared.backend.queue().is_some()
+                && policy.retries != Some(0)
+                && !matches!(outcome, Ok(Attempt::Won { .. }))
+            {
                 *place = Some(next_waiter_id());
                 if matches!(outcome, Ok(Attempt::Missed(HeldReason::Held, _))) {
                     let sent_at = self.now()?;
@@ -343,12 +351,14 @@ impl Locker {
                     token,
                     sent_at,
                     fence,
+                    at,
                 } => {
                     return Ok(Won {
                         token,
                         sent_at,
                         fence,
                         attempts: attempt,
+                        at,
                     })
                 }
                 Attempt::Missed(reason, hint) => {
@@ -463,8 +473,9 @@ impl Locker {
         )
     }
 
-    /// Turns a winning attempt into the lock. A clock that fails now still leaves a grant
-    /// behind, so it is given back.
+    /// Turns a winning attempt into the lock. `at`: the clock reading that judged the grant,
+    /// when nothing ran since (else the clock is read here). A clock that fails now still
+    /// leaves a grant behind, so it is given back.
     #[allow(clippy::too_many_arguments)]
     fn won(
         &self,
@@ -475,8 +486,9 @@ impl Locker {
         options: &AcquireOptions,
         start: f64,
         attempts: u32,
+        at: Option<f64>,
     ) -> Result<Lock> {
-        let now = match self.now() {
+        let now = match at.map_or_else(|| self.now(), Ok) {
             Ok(now) => now,
             Err(e) => {
                 self.give_back_now(&key, &token);
@@ -554,6 +566,7 @@ impl Locker {
             token,
             sent_at,
             fence,
+            at: now,
         })
     }
 
@@ -703,8 +716,9 @@ impl Locker {
                 token,
                 sent_at,
                 fence,
+                at,
             } => self
-                .won(key, token, fence, sent_at, options, start, 1)
+                .won(key, token, fence, sent_at, options, start, 1, Some(at))
                 .map(Some),
             Attempt::NoAnswer => {
                 let elapsed_ms = self.now()? - start;
@@ -915,6 +929,7 @@ struct Won {
     sent_at: f64,
     fence: Option<u64>,
     attempts: u32,
+    at: f64,
 }
 
 /// For backends that cannot tell when a key is released: waiters rely on their next poll.

@@ -295,6 +295,7 @@ impl Locker {
                         token,
                         sent_at,
                         fence,
+                        ..
                     } => (token, sent_at, fence),
                     Attempt::Missed(..) => continue,
                     Attempt::NoAnswer => {
@@ -322,6 +323,7 @@ impl Locker {
                     options,
                     start,
                     turns.attempt,
+                    None,
                 )?;
                 return Ok(Some(lock));
             }
