@@ -644,6 +644,7 @@ impl RedisBackend {
         self.with_conn_as(Priority::Other, work)
     }
 
+    /// [`Self::with_conn`], waiting in `priority`'s queue while the connection is full.
     fn with_conn_as<T: Send + 'static, F>(
         &self,
         priority: Priority,
