@@ -86,6 +86,23 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
     resume() {
       child.kill('SIGCONT');
     },
+    /**
+     * Makes the server slow, as one shared with busier clients: a process of its own (this
+     * one's event loop may be busy) lets it run `runMs` out of every `runMs + pauseMs`.
+     * Answers a function that stops the throttle and leaves the server running.
+     */
+    throttle(runMs, pauseMs) {
+      const s = (ms) => (ms / 1000).toFixed(3);
+      const pid = child.pid;
+      const loop = `while :; do kill -STOP ${pid}; sleep ${s(pauseMs)}; kill -CONT ${pid}; sleep ${s(runMs)}; done`;
+      const throttler = spawn('sh', ['-c', loop], { stdio: 'ignore' });
+      return async () => {
+        const exited = new Promise((r) => throttler.once('exit', r));
+        throttler.kill('SIGKILL');
+        await exited;
+        child.kill('SIGCONT');
+      };
+    },
     cli(...cmd) {
       return execFileSync('redis-cli', ['-p', String(port), ...cmd], { encoding: 'utf8' }).trim();
     },

@@ -32,8 +32,8 @@ struct LoopStream {
     // Declared first so it is dropped first, while the socket is still open.
     watch: Box<dyn SocketWatch>,
     sock: Arc<TcpStream>,
-    /// Requests of the connection in flight, shared with its [`Health`].
-    in_flight: Arc<AtomicUsize>,
+    /// What the watchdog knows: requests in flight, and when the server last sent anything.
+    health: Arc<Health>,
     /// Where reads land first: the codec hands over uninitialised space, which would
     /// otherwise be zeroed on every read.
     scratch: Box<[u8]>,
@@ -55,6 +55,11 @@ impl AsyncRead for LoopStream {
         loop {
             match (&*this.sock).read(&mut this.scratch[..room]) {
                 Ok(n) => {
+                    // Answers arriving, however slowly, show the server is alive, even while
+                    // the operations they finish have not run yet.
+                    if n > 0 {
+                        this.health.progress_ms.store(now_ms(), Ordering::Release);
+                    }
                     buf.put_slice(&this.scratch[..n]);
                     return Poll::Ready(Ok(()));
                 }
@@ -78,7 +83,7 @@ impl AsyncWrite for LoopStream {
         // A lone request leaves at once (a sequential caller waits for nothing else); with
         // others in flight it joins this turn's write, and their answers are on the way.
         let this = self.get_mut();
-        let now = this.in_flight.load(Ordering::Acquire) <= 1;
+        let now = this.health.in_flight.load(Ordering::Acquire) <= 1;
         Poll::Ready(this.watch.send(buf, now).map(|()| buf.len()))
     }
 
@@ -99,12 +104,13 @@ fn now_ms() -> u64 {
 /// What the watchdog on the I/O thread knows of a connection.
 struct Health {
     sock: Arc<TcpStream>,
-    in_flight: Arc<AtomicUsize>,
+    in_flight: AtomicUsize,
     /// Whether an operation has used the connection yet.
     used: AtomicBool,
     /// Whether the watchdog closed the connection for want of an answer.
     timed_out: AtomicBool,
-    /// When the connection last answered, or got busy after being idle.
+    /// When the connection last received bytes or finished an operation, or got busy after
+    /// being idle: answers come in order, so the oldest request written has waited since.
     progress_ms: AtomicU64,
     ended: AtomicBool,
 }
@@ -292,11 +298,18 @@ impl Link {
             .host
             .watch(sock.as_raw_fd())
             .map_err(|e| io_error(format!("watching the Redis socket: {e}")))?;
-        let in_flight = Arc::new(AtomicUsize::new(0));
+        let health = Arc::new(Health {
+            sock: sock.clone(),
+            in_flight: AtomicUsize::new(0),
+            used: AtomicBool::new(false),
+            timed_out: AtomicBool::new(false),
+            progress_ms: AtomicU64::new(now_ms()),
+            ended: AtomicBool::new(false),
+        });
         let stream = LoopStream {
             watch,
             sock: sock.clone(),
-            in_flight: in_flight.clone(),
+            health: health.clone(),
             scratch: vec![0; 16 * 1024].into_boxed_slice(),
         };
         // Timeouts are ours (the watchdog, and the bound below): the crate's would need a
@@ -317,14 +330,6 @@ impl Link {
                 return Err(Failure::new("redis", BackendErrorKind::Timeout, message).into_error());
             }
         };
-        let health = Arc::new(Health {
-            sock,
-            in_flight,
-            used: AtomicBool::new(false),
-            timed_out: AtomicBool::new(false),
-            progress_ms: AtomicU64::new(now_ms()),
-            ended: AtomicBool::new(false),
-        });
         let ended = health.clone();
         self.host.spawn(Box::pin(async move {
             driver.await;

@@ -22,9 +22,11 @@ mod doctor;
 #[cfg(unix)]
 mod event_loop_link;
 mod failure;
+mod gate;
 mod pushes;
 
 use failure::failure_of;
+use gate::{Gate, Priority};
 
 /// What the queue scripts share. KEYS[1] the lock, KEYS[2] its queue (QUEUE: a list of
 /// places, oldest first), KEYS[3] each place's deadline (PLACES: a sorted set, server ms). A place is
@@ -407,6 +409,8 @@ pub struct RedisBackend {
     /// The connection on the engine's thread, when the host's event loop drives it.
     #[cfg(unix)]
     link: Option<std::rc::Rc<crate::backend::redis::event_loop_link::Link>>,
+    /// Bounds the operations in flight on the connection, renewals first (see `gate`).
+    gate: std::rc::Rc<Gate>,
 }
 
 fn secrets_of(urls: &[String]) -> Vec<String> {
@@ -567,6 +571,7 @@ impl RedisBackend {
             warn: None,
             #[cfg(unix)]
             link: None,
+            gate: Gate::new(gate::DEFAULT_IN_FLIGHT),
         })
     }
 
@@ -632,8 +637,8 @@ impl RedisBackend {
         io::run("redis", move |_| work(inner))
     }
 
-    /// Runs `work` with the connection: on this thread when the event loop drives it,
-    /// otherwise on the I/O thread.
+    /// Runs `work` with the connection once the gate lets it in: on this thread when the
+    /// event loop drives it, otherwise on the I/O thread.
     fn with_conn<T: Send + 'static, F>(
         &self,
         work: impl FnOnce(Arc<Inner>, Conn) -> F + Send + 'static,
@@ -641,12 +646,26 @@ impl RedisBackend {
     where
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
+        self.with_conn_as(Priority::Other, work)
+    }
+
+    /// [`Self::with_conn`], waiting in `priority`'s queue while the connection is full.
+    fn with_conn_as<T: Send + 'static, F>(
+        &self,
+        priority: Priority,
+        work: impl FnOnce(Arc<Inner>, Conn) -> F + Send + 'static,
+    ) -> Op<T>
+    where
+        F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+    {
         let inner = self.inner.clone();
         let warn = self.warn.clone();
+        let gate = self.gate.clone();
         #[cfg(unix)]
         if let Some(link) = self.link.clone() {
             return Op::pending(async move {
                 inner.check_open().map_err(Failure::into_error)?;
+                let _room = gate.enter(priority).await;
                 let lent = link.lend().await?;
                 let mut conn = Conn::Local(lent.conn.clone());
                 // Every operation checks until one check has answered, not only the first user
@@ -662,18 +681,16 @@ impl RedisBackend {
                 answer.map_err(|f| link.failed(&lent, f).into_error())
             });
         }
-        let op = io::run("redis", {
-            let inner = inner.clone();
-            move |_| async move {
-                let conn = inner.conn().await?;
-                work(inner, conn).await
-            }
-        });
-        if warn.is_none() {
-            return op;
-        }
         Op::pending(async move {
-            let answer = op.await;
+            let _room = gate.enter(priority).await;
+            let answer = io::run("redis", {
+                let inner = inner.clone();
+                move |_| async move {
+                    let conn = inner.conn().await?;
+                    work(inner, conn).await
+                }
+            })
+            .await;
             inner.deliver_warning(warn.as_deref());
             answer
         })
@@ -974,7 +991,7 @@ impl Backend for RedisBackend {
         let (key, token) = (key.to_owned(), token.to_owned());
         let ttl = ttl.to_string();
         let Some(w) = self.inner.options.wait_for_replicas else {
-            return self.with_conn(move |inner, mut conn| async move {
+            return self.with_conn_as(Priority::Renewal, move |inner, mut conn| async move {
                 let done: i64 = conn
                     .script(&scripts().extend, &[&key], &[&token, &ttl])
                     .await
@@ -1039,7 +1056,7 @@ impl Backend for RedisBackend {
             })
             .collect();
         let count = renewals.len();
-        let op = self.with_conn(move |inner, conn| async move {
+        let op = self.with_conn_as(Priority::Renewal, move |inner, conn| async move {
             let sends = calls.into_iter().map(|(index, cmd)| {
                 let mut conn = conn.clone();
                 async move { (index, conn.evalsha::<Vec<u8>>(script, &cmd).await) }
