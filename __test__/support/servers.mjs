@@ -193,10 +193,12 @@ export async function startPostgres({ ssl, maxConnections } = {}) {
 
 /**
  * A throwaway CA and a server certificate it signs for localhost and 127.0.0.1, made by
- * openssl in a temp dir. Answers PEM text: { ca, cert, key } and the files' paths.
+ * openssl in a temp dir. Answers PEM text: { ca, cert, key } and the files' paths. The servers
+ * read the files while the test process lives, so the dir goes when the process exits.
  */
 export function makeTestCertificates() {
   const dir = mkdtempSync(join(tmpdir(), 'locco-tls-'));
+  process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
   const at = (f) => join(dir, f);
   const ssl = (...args) => execFileSync('openssl', args, { stdio: 'ignore' });
   ssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=locco-test-ca', '-keyout', at('ca.key'), '-out', at('ca.pem'));
