@@ -4,18 +4,19 @@
 
 const native = require('./load.js');
 const errors = require('./errors.js');
+const { IdTable } = require('./id-table.js');
 
 const PENDING = -1;
 const FAILED = -2;
 
-const waiting = new Map(); // opId -> { resolve, reject, map }
-const early = new Map(); // opId -> [value, isError], settled before anyone waited
+const waiting = new IdTable(); // opId -> { resolve, reject, map }
+const early = new IdTable(); // opId -> [value, isError], settled before anyone waited
 const foreign = new Map(); // id -> a value thrown by user code, kept while Rust refers to it
 const lockers = new Map(); // lockerId -> { onEvent, token }
 const clocks = new Map(); // clockId -> () => number
 const adapters = new Map(); // adapterId -> a JavaScript adapter object
 const delays = new Map(); // delayId -> DelayFn
-const lossHandlers = new Map(); // lockId -> (reason, cause) => void
+const lossHandlers = new IdTable(); // lockId -> (reason, cause) => void
 const jsAdapterIds = new WeakMap(); // a JavaScript adapter object -> its adapterId
 let nextOp = 1;
 let nextForeign = 1;
