@@ -35,11 +35,6 @@ class IdTable {
     this.size--;
     return true;
   }
-
-  /** The values, in id order. */
-  values() {
-    return Object.values(this._byId);
-  }
 }
 
 module.exports = { IdTable };
