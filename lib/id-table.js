@@ -7,16 +7,14 @@
  * deleting, and link the old table to the new one. An old table that has reached V8's old
  * generation then keeps every later table, and what they held (promises, locks), alive through
  * the young-generation collections until the next full one. Under Redis W2 half of what was
- * allocated survived so, and each young collection took 25-50 ms instead of under 1 ms. An
- * object in dictionary mode rebuilds its table without such links.
+ * allocated survived so, and each young collection took 25-50 ms instead of under 1 ms. Integer
+ * keys of a plain object are its elements, which V8 keeps in a number dictionary once they are
+ * sparse (ids only grow); that dictionary rebuilds without such links.
  */
 class IdTable {
   constructor() {
     this.size = 0;
     this._byId = Object.create(null);
-    // A key that is not an index turns the object into a dictionary at once.
-    this._byId.dictionary = undefined;
-    delete this._byId.dictionary;
   }
 
   get(id) {
