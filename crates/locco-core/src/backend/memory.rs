@@ -14,6 +14,13 @@ struct Entry {
     expires_at: f64,
 }
 
+impl Entry {
+    /// Whether `token` holds this entry with its lease still running at `now`.
+    fn held_by(&self, token: &str, now: f64) -> bool {
+        self.token == token && self.expires_at > now
+    }
+}
+
 /// A waiter's place in a key's queue.
 struct Place {
     waiter: String,
@@ -180,7 +187,7 @@ impl MemoryBackend {
         let now = self.clock.now();
         let mut entries = self.entries.borrow_mut();
         match entries.get_mut(key) {
-            Some(e) if e.token == token && e.expires_at > now => Some(f(e, now)),
+            Some(e) if e.held_by(token, now) => Some(f(e, now)),
             _ => None,
         }
     }
@@ -200,9 +207,7 @@ impl Backend for MemoryBackend {
         let now = self.clock.now();
         let ours = {
             let mut entries = self.entries.borrow_mut();
-            let ours = entries
-                .get(key)
-                .is_some_and(|e| e.token == token && e.expires_at > now);
+            let ours = entries.get(key).is_some_and(|e| e.held_by(token, now));
             if ours {
                 entries.remove(key);
             }
