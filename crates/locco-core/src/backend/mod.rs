@@ -59,6 +59,11 @@ impl<T> Op<T> {
         Op::Pending(Box::pin(fut), None)
     }
 
+    /// The answer is already there (an in-memory backend's): awaiting it needs no deadline.
+    pub fn is_ready(&self) -> bool {
+        matches!(self, Op::Ready(Some(_)))
+    }
+
     /// Registers how to stop this request early (a cancel request to the server).
     pub fn with_abandon(mut self, stop: impl FnOnce() + 'static) -> Self {
         if let Op::Pending(_, slot) = &mut self {

@@ -159,9 +159,10 @@ impl Lock {
         let was_held = inner.state.get() == LockState::Held;
         inner.releasing.set(true);
         let op = inner.shared.backend.release(&inner.key, &inner.token);
-        let answer = if was_held {
+        let answer = if was_held && !op.is_ready() {
             // Past the lease end the answer no longer matters: the key is free either way.
-            match first(op, inner.lease_over()).await {
+            // Boxed apart, so that a release answered at once (in memory) builds no timer.
+            match Box::pin(first(op, inner.lease_over())).await {
                 First::Left(r) => r,
                 First::Right(()) => Ok(false),
             }

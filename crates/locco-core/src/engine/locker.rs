@@ -3,6 +3,8 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use futures_util::FutureExt;
+
 use crate::backend::holder::labelled;
 use crate::backend::KeyInfo;
 use crate::backend::{Backend, Op, Waiter};
@@ -248,8 +250,8 @@ impl Locker {
                     let read = self.shared.backend.inspect(&key);
                     let until = self.now().ok().map(|now| now + HOLDER_READ_MS);
                     if let (Some(until), true) = (until, holder.is_none()) {
-                        if let Bounded::Done(Ok(info)) = self.bounded(read, Some(until), None).await
-                        {
+                        let read = Box::pin(self.bounded(read, Some(until), None));
+                        if let Bounded::Done(Ok(info)) = read.await {
                             *holder = info.holder;
                         }
                     }
@@ -410,9 +412,7 @@ impl Locker {
             let mut read_at = now;
             let delay = match &policy.delay {
                 Delay::Custom(_) => {
-                    match self
-                        .bounded(policy.delay.next(input), budget_end, abort)
-                        .await
+                    match Box::pin(self.bounded(policy.delay.next(input), budget_end, abort)).await
                     {
                         Bounded::Done(d) => {
                             read_at = self.now()?;
@@ -448,8 +448,10 @@ impl Locker {
             });
             let clock = &*self.shared.rt.clock;
             let sleep = sleep_until_from(clock, &*self.shared.rt.timer, wake_at, read_at);
+            // Boxed, as the waits below are: a first try that wins never builds them, and
+            // they would make every acquisition's future (moved on each call) larger.
             let wait = first(sleep, wakeups.released());
-            if let First::Right(_) = first(wait, aborted(abort)).await {
+            if let First::Right(_) = Box::pin(first(wait, aborted(abort))).await {
                 return Err(Error::Aborted);
             }
             let now = self.now()?;
@@ -522,9 +524,15 @@ impl Locker {
         let end = lease_end(sent_at, ttl);
         let limit = budget_end.map_or(end, |b| b.min(end));
         let mut op = self.grant_op(key, &token, ttl, waiter);
-        let clock = &*self.shared.rt.clock;
-        let deadline = sleep_until(clock, &*self.shared.rt.timer, limit);
-        let answer = match first(&mut op, first(deadline, aborted(abort))).await {
+        // The wait for an answer not there yet is boxed apart: this future is built by value
+        // and moved into its caller on every acquisition, and the deadline's timer would
+        // make it several times larger.
+        let answer = if op.is_ready() {
+            First::Left((&mut op).now_or_never().expect("a ready answer"))
+        } else {
+            Box::pin(self.grant_in_time(&mut op, limit, abort)).await
+        };
+        let answer = match answer {
             First::Left(Ok(answer)) => answer,
             First::Left(Err(e)) => {
                 // The server may have granted before the failure (a fenced grant whose counter
@@ -568,6 +576,17 @@ impl Locker {
             fence,
             at: now,
         })
+    }
+
+    /// The grant's answer, unless `limit` passes (`Right(Left)`) or `abort` fires first.
+    async fn grant_in_time(
+        &self,
+        op: &mut GrantOp,
+        limit: f64,
+        abort: Option<&Abort>,
+    ) -> First<Result<Grant>, First<(), ()>> {
+        let deadline = sleep_until(&*self.shared.rt.clock, &*self.shared.rt.timer, limit);
+        first(op, first(deadline, aborted(abort))).await
     }
 
     /// The grant request, in the fair queue as `waiter` when there is one.
@@ -875,6 +894,14 @@ enum GrantOp {
 }
 
 impl GrantOp {
+    fn is_ready(&self) -> bool {
+        match self {
+            GrantOp::Plain(op) => op.is_ready(),
+            GrantOp::Fenced(op) => op.is_ready(),
+            GrantOp::Queued(op) => op.is_ready(),
+        }
+    }
+
     fn abandon(&mut self) {
         match self {
             GrantOp::Plain(op) => op.abandon(),
