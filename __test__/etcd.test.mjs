@@ -70,7 +70,7 @@ describe('EtcdAdapter on a 3-member cluster', () => {
   it('renews a held lock while thousands of acquisitions are in flight', async (t) => {
     await using adapter = new EtcdAdapter({ endpoints: cluster.endpoints, prefix: 'flood/' });
     const seconds = await heldThroughFlood(assert, new Locker({ adapter, retry: { retries: 0 } }), { prefix: 'flood:', count: 8000 });
-    t.diagnostic(`flood of 8000 took ${seconds.toFixed(1)} s`);
+    t.diagnostic(`flood, 8000 in flight, took ${seconds.toFixed(1)} s`);
   });
 
   it('stores a lock as its token under the prefix, on one session lease for every lock', async () => {

@@ -40,7 +40,7 @@ describe('MongoAdapter', () => {
     const adapter = new MongoAdapter({ url: mongo.url, dbName: 'flood' });
     try {
       const seconds = await heldThroughFlood(assert, new Locker({ adapter, retry: { retries: 0 } }), { prefix: 'flood:', count: 8000 });
-      t.diagnostic(`flood of 8000 took ${seconds.toFixed(1)} s`);
+      t.diagnostic(`flood, 8000 in flight, took ${seconds.toFixed(1)} s`);
     } finally {
       await adapter.close();
     }

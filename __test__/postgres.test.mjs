@@ -85,7 +85,7 @@ describe('PostgresAdapter', () => {
     const adapter = new PostgresAdapter({ url: pg.url, tableName: 'flood' });
     try {
       const seconds = await heldThroughFlood(assert, new Locker({ adapter, retry: { retries: 0 } }), { prefix: 'flood:', count: 20_000 });
-      t.diagnostic(`flood of 20000 took ${seconds.toFixed(1)} s`);
+      t.diagnostic(`flood, 20000 in flight, took ${seconds.toFixed(1)} s`);
     } finally {
       await adapter.close();
     }
