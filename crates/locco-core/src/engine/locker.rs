@@ -448,8 +448,8 @@ impl Locker {
             });
             let clock = &*self.shared.rt.clock;
             let sleep = sleep_until_from(clock, &*self.shared.rt.timer, wake_at, read_at);
-            // Boxed, as the waits below are: a first try that wins never builds them, and
-            // they would make every acquisition's future (moved on each call) larger.
+            // Boxed, like the custom delay above: a first try that wins never waits, and the
+            // timers would make every acquisition's future (moved on each call) larger.
             let wait = first(sleep, wakeups.released());
             if let First::Right(_) = Box::pin(first(wait, aborted(abort))).await {
                 return Err(Error::Aborted);
