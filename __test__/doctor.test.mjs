@@ -1,7 +1,7 @@
 // adapter.checkSafety() and `locco-rs doctor`, against real servers started here: a deployment
 // that can break the locks is flagged unsafe, a correct one has no unsafe finding.
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { MongoClient } from 'mongodb';
@@ -11,7 +11,7 @@ import { EtcdAdapter } from 'locco-rs/etcd';
 import { MongoAdapter } from 'locco-rs/mongo';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { RedisAdapter } from 'locco-rs/redis';
-import { freePort, startEtcd, startMongo, startPostgres, startRedis } from './support/servers.mjs';
+import { startEtcd, startMongo, startPostgres, startRedis, startRedisCluster } from './support/servers.mjs';
 
 const root = new URL('..', import.meta.url).pathname;
 const bin = join(root, 'bin', 'locco-rs.js');
@@ -186,28 +186,21 @@ describe('checkSafety on Redis', () => {
 });
 
 describe('checkSafety on a Redis Cluster, and a Redis without CONFIG', () => {
-  const nodes = [];
+  let cluster;
   let lonely;
   let noConfig;
-  const clusterNode = async () => startRedis({ args: ['--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-port', String(await freePort())] });
   before(async () => {
-    for (let i = 0; i < 3; i++) nodes.push(await clusterNode());
-    execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'], { stdio: 'ignore' });
-    const deadline = Date.now() + 15_000;
-    while (!nodes.every((n) => n.cli('CLUSTER', 'INFO').includes('cluster_state:ok'))) {
-      if (Date.now() > deadline) throw new Error('the Cluster did not come up');
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    cluster = await startRedisCluster();
     // A Cluster node that was never given slots.
-    lonely = await clusterNode();
+    lonely = await startRedis({ cluster: true });
     noConfig = await startRedis({ args: ['--rename-command', 'CONFIG', ''] });
   });
   after(async () => {
-    await Promise.all([...nodes, lonely, noConfig].map((n) => n?.dispose()));
+    await Promise.all([cluster, lonely, noConfig].map((n) => n?.dispose()));
   });
 
   it('finds nothing unsafe on a healthy Cluster, and flags one without its slots', async () => {
-    const healthy = new RedisAdapter({ urls: nodes.map((n) => n.url), cluster: true });
+    const healthy = new RedisAdapter({ urls: cluster.urls, cluster: true });
     const broken = new RedisAdapter({ urls: [lonely.url], cluster: true, connectTimeout: 2000 });
     try {
       const ok = await healthy.checkSafety({ clockSampleMs: 300 });

@@ -2,7 +2,6 @@
 // backend, against real servers started here. Two adapters on one server stand for two
 // processes: the rival never shares the holder's adapter, so nothing is answered from memory.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
 import { Locker, LockHeldError, LockLostError, ValidationError } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
@@ -10,9 +9,9 @@ import { RedisAdapter, RedlockAdapter } from 'locco-rs/redis';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { MongoAdapter } from 'locco-rs/mongo';
 import { EtcdAdapter } from 'locco-rs/etcd';
-import { freePort, startEtcd, startMongo, startPostgres, startRedis } from './support/servers.mjs';
+import { startEtcd, startMongo, startPostgres, startRedis, startRedisCluster } from './support/servers.mjs';
 import { MapAdapter } from './support/map-adapter.mjs';
-import { sleep, until } from './support/adapters.mjs';
+import { sleep } from './support/adapters.mjs';
 
 let n = 0;
 const unique = (name) => `insp:${process.pid}:${++n}:${name}`;
@@ -59,15 +58,7 @@ before(async () => {
   servers.mongo = await startMongo();
   servers.etcd = await startEtcd();
   servers.redlock = await Promise.all([1, 2, 3].map(() => startRedis()));
-  servers.cluster = [];
-  for (let i = 0; i < 3; i++) {
-    const bus = await freePort();
-    servers.cluster.push(await startRedis({ args: ['--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-port', String(bus)] }));
-  }
-  execFileSync('redis-cli', ['--cluster', 'create', ...servers.cluster.map((s) => `127.0.0.1:${s.port}`), '--cluster-replicas', '0', '--cluster-yes'], {
-    stdio: 'ignore',
-  });
-  await until(() => servers.cluster[0].cli('CLUSTER', 'INFO').includes('cluster_state:ok'), 15_000);
+  servers.cluster = (await startRedisCluster()).nodes;
 });
 
 after(async () => {

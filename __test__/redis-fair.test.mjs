@@ -2,11 +2,10 @@
 // the issue names. Every holder runs a fenced read-modify-write of a counter, so a second
 // holder (a lost update, a fence that goes back) fails the test.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
 import { Locker } from 'locco-rs';
 import { RedisAdapter } from 'locco-rs/redis';
-import { freePort, startRedis } from './support/servers.mjs';
+import { startRedis, startRedisCluster } from './support/servers.mjs';
 import { until } from './support/adapters.mjs';
 import { queueUp, waiters } from './support/fair.mjs';
 
@@ -247,31 +246,20 @@ describe('Redis fair queue across processes', () => {
 });
 
 describe('Redis fair queue on a Cluster', () => {
-  const nodes = [];
+  let cluster;
   const spawned = [];
   before(async () => {
-    for (let i = 0; i < 3; i++) {
-      const busPort = await freePort();
-      nodes.push(
-        await startRedis({
-          args: ['--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-port', String(busPort)],
-        }),
-      );
-    }
-    execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'], {
-      stdio: 'ignore',
-    });
-    await until(() => nodes[0].cli('CLUSTER', 'INFO').includes('cluster_state:ok'), 15_000);
+    cluster = await startRedisCluster();
   });
   after(async () => {
     await Promise.all(spawned.map((w) => w.exit()));
-    for (const n of nodes) await n.dispose();
+    await cluster?.dispose();
   });
 
   it('hands keys over in request order on every slot, pushed across nodes', async () => {
     const counter = await startRedis();
     try {
-      const urls = nodes.map((n) => n.url).join(',');
+      const urls = cluster.urls.join(',');
       const ws = await waiters(3, 'redis-cluster', urls, counter.url);
       spawned.push(...ws);
       for (const key of ['a', 'b', 'order:7', '{tagged}:x']) {

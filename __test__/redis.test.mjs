@@ -1,9 +1,8 @@
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
 import { BackendError, Locker, LockHeldError, ValidationError } from 'locco-rs';
 import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
-import { freePort, makeTestCertificates, startRedis } from './support/servers.mjs';
+import { freePort, makeTestCertificates, startRedis, startRedisCluster } from './support/servers.mjs';
 import { sleep, until } from './support/adapters.mjs';
 
 describe('RedisAdapter faults', () => {
@@ -316,27 +315,16 @@ describe('RedisAdapter waitForReplicas', () => {
 });
 
 describe('RedisAdapter on a Cluster', () => {
-  const nodes = [];
+  let cluster;
   before(async () => {
-    for (let i = 0; i < 3; i++) {
-      const busPort = await freePort();
-      nodes.push(
-        await startRedis({
-          args: ['--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-port', String(busPort)],
-        }),
-      );
-    }
-    execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'], {
-      stdio: 'ignore',
-    });
-    await until(() => nodes[0].cli('CLUSTER', 'INFO').includes('cluster_state:ok'), 15_000);
+    cluster = await startRedisCluster();
   });
   after(async () => {
-    for (const n of nodes) await n.dispose();
+    await cluster?.dispose();
   });
 
   it('locks and fences keys across the slots', async () => {
-    const adapter = new RedisAdapter({ urls: nodes.map((n) => n.url), cluster: true });
+    const adapter = new RedisAdapter({ urls: cluster.urls, cluster: true });
     const locker = new Locker({ adapter, fencing: true });
     for (const key of ['a', 'b', 'c', 'order:1', '{tagged}:x']) {
       const lock = await locker.acquire(key, { ttl: 2000 });
@@ -347,7 +335,7 @@ describe('RedisAdapter on a Cluster', () => {
   });
 
   it('refuses a fenced key with } and no hash tag before sending anything', async () => {
-    const adapter = new RedisAdapter({ urls: nodes.map((n) => n.url), cluster: true });
+    const adapter = new RedisAdapter({ urls: cluster.urls, cluster: true });
     const err = await new Locker({ adapter, fencing: true }).acquire('a}b', { ttl: 1000 }).catch((e) => e);
     assert.ok(err instanceof ValidationError, String(err));
     assert.equal(err.field, 'key');

@@ -46,21 +46,77 @@ export function hasCommand(cmd) {
 }
 
 /**
- * Starts a redis-server (or valkey-server) with `args` appended. Returns { port, url, stop,
- * restart, pause, resume, cli }. `port` is kept across restarts.
+ * Spawns `binary`, keeping the last few KB of its output. `ready(pattern, ms)` waits for a line
+ * that matches, and fails at once, with that output, when the process exits first. (A port that
+ * answers is not proof: another process may have taken the free port first.)
  */
-export async function startRedis({ binary = 'redis-server', args = [], port, tlsPort } = {}) {
-  port ??= await freePort();
+function spawnLogged(binary, args) {
+  const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let tail = '';
+  let onData = () => {};
+  const keep = (chunk) => {
+    tail = (tail + chunk).slice(-4000);
+    onData();
+  };
+  child.stdout.setEncoding('utf8').on('data', keep);
+  child.stderr.setEncoding('utf8').on('data', keep);
+  const output = () => tail.trim() || '(no output)';
+  const ready = (pattern, ms) =>
+    new Promise((resolve, reject) => {
+      const timer = setTimeout(() => done(new Error(`${binary} printed no ${pattern} in ${ms} ms: ${output()}`)), ms);
+      const exited = (code, signal) => done(new Error(`${binary} exited (${code ?? signal}) before it was ready: ${output()}`));
+      const done = (err) => {
+        clearTimeout(timer);
+        child.off('exit', exited);
+        onData = () => {};
+        if (err) reject(err);
+        else resolve();
+      };
+      onData = () => {
+        if (pattern.test(tail)) done();
+      };
+      child.once('exit', exited);
+      onData();
+    });
+  return { child, output, ready };
+}
+
+/**
+ * Starts a redis-server (or valkey-server) with `args` appended. Returns { port, url, stop,
+ * restart, pause, resume, cli }. `port` is kept across restarts. `cluster`: cluster mode, with
+ * the bus on a free port too. A free port can be taken by another process before the server
+ * binds it, so a server on ports of our choosing that fails to start is tried on new ones.
+ */
+export async function startRedis({ binary = 'redis-server', args = [], port, tlsPort, cluster = false } = {}) {
+  const ownPorts = port === undefined && tlsPort === undefined;
+  let busPort;
   const dir = mkdtempSync(join(tmpdir(), 'locco-redis-'));
   let child;
-  const listenPort = tlsPort ? 0 : port;
   const launch = async () => {
+    const listenPort = tlsPort ? 0 : port;
     const base = ['--port', String(listenPort), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no'];
     if (tlsPort) base.push('--tls-port', String(tlsPort));
-    child = spawn(binary, [...base, ...args], { stdio: 'ignore' });
-    await waitForPort(tlsPort ?? port);
+    if (cluster) base.push('--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-port', String(busPort));
+    const spawned = spawnLogged(binary, [...base, ...args]);
+    child = spawned.child;
+    try {
+      await spawned.ready(/Ready to accept connections/, 10_000);
+    } catch (err) {
+      child.kill('SIGKILL');
+      throw err;
+    }
   };
-  await launch();
+  for (let attempt = 1; ; attempt++) {
+    if (port === undefined || (ownPorts && attempt > 1)) port = await freePort();
+    if (cluster && (busPort === undefined || attempt > 1)) busPort = await freePort();
+    try {
+      await launch();
+      break;
+    } catch (err) {
+      if (!ownPorts || attempt === 3) throw err;
+      rmSync(join(dir, 'nodes.conf'), { force: true });
+    }
+  }
   const server = {
     port: tlsPort ?? port,
     url: `redis://127.0.0.1:${port}`,
@@ -112,6 +168,35 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
     },
   };
   return server;
+}
+
+/**
+ * A Redis Cluster of `size` primaries (no replicas), each on free ports, every node reporting
+ * cluster_state:ok. Answers { nodes, urls, dispose }.
+ */
+export async function startRedisCluster({ size = 3 } = {}) {
+  const nodes = [];
+  try {
+    for (let i = 0; i < size; i++) nodes.push(await startRedis({ cluster: true }));
+    execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'], {
+      stdio: 'pipe',
+    });
+    const end = Date.now() + 15_000;
+    while (!nodes.every((n) => n.cli('CLUSTER', 'INFO').includes('cluster_state:ok'))) {
+      if (Date.now() > end) throw new Error('the Redis Cluster did not reach cluster_state:ok in 15 s');
+      await sleep(50);
+    }
+  } catch (err) {
+    await Promise.all(nodes.map((n) => n.dispose()));
+    throw err;
+  }
+  return {
+    nodes,
+    urls: nodes.map((n) => n.url),
+    async dispose() {
+      await Promise.all(nodes.map((n) => n.dispose()));
+    },
+  };
 }
 
 /**
