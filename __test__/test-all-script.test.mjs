@@ -1,6 +1,7 @@
 // scripts/test-all.sh on a machine that has nothing yet: it must get past the empty cache, and
 // every failure must say which line and command failed. The tools it would call are stubs on a
-// PATH of their own, so nothing is installed, built or run for real.
+// PATH of their own, so nothing is installed, built or run for real. And the build's protoc
+// comes from cargo when the machine has none.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
@@ -64,4 +65,20 @@ it('a missing tool is named, not a silent exit', () => {
   const r = spawnSync(bash, [script], { env, encoding: 'utf8' });
   assert.equal(r.status, 1);
   assert.match(r.stderr, /cargo is missing/);
+});
+
+it('with no protoc on the machine, the build is given the vendored one', () => {
+  const bin = join(work, 'noprotoc', 'bin');
+  mkdirSync(bin, { recursive: true });
+  const cargo = spawnSync('sh', ['-c', 'command -v cargo'], { encoding: 'utf8' }).stdout.trim();
+  for (const [tool, real] of [['node', process.execPath], ['cargo', cargo], ['sh', ['/usr/bin/sh', '/bin/sh'].find((p) => existsSync(p))]]) {
+    symlinkSync(real, join(bin, tool));
+  }
+  const env = { PATH: bin, HOME: process.env.HOME };
+  const withProtoc = new URL('../scripts/with-protoc.mjs', import.meta.url).pathname;
+  const r = spawnSync(process.execPath, [withProtoc, 'node', '-e', 'process.stdout.write(process.env.PROTOC ?? "")'], { env, encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /protoc-bin-vendored-[^/]+\/bin\/protoc$/);
+  const version = spawnSync(r.stdout, ['--version'], { encoding: 'utf8' });
+  assert.match(version.stdout, /libprotoc/);
 });

