@@ -113,7 +113,10 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
       await launch();
       break;
     } catch (err) {
-      if (!ownPorts || attempt === 3) throw err;
+      if (!ownPorts || attempt === 3) {
+        rmSync(dir, { recursive: true, force: true });
+        throw err;
+      }
       rmSync(join(dir, 'nodes.conf'), { force: true });
     }
   }
