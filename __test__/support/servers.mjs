@@ -179,6 +179,9 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
  */
 export async function startRedisCluster({ size = 3 } = {}) {
   const nodes = [];
+  const dispose = async () => {
+    await Promise.all(nodes.map((n) => n.dispose()));
+  };
   try {
     for (let i = 0; i < size; i++) nodes.push(await startRedis({ cluster: true }));
     execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'], {
@@ -190,16 +193,10 @@ export async function startRedisCluster({ size = 3 } = {}) {
       await sleep(50);
     }
   } catch (err) {
-    await Promise.all(nodes.map((n) => n.dispose()));
+    await dispose();
     throw err;
   }
-  return {
-    nodes,
-    urls: nodes.map((n) => n.url),
-    async dispose() {
-      await Promise.all(nodes.map((n) => n.dispose()));
-    },
-  };
+  return { nodes, urls: nodes.map((n) => n.url), dispose };
 }
 
 /**
