@@ -83,9 +83,8 @@ pub struct Locker {
 
 /// How one attempt ended.
 enum Attempt {
+    /// Granted under the attempt's token, sent at its `sent_at`.
     Won {
-        token: String,
-        sent_at: f64,
         fence: Option<u64>,
         /// The clock reading that judged the grant in time.
         at: f64,
@@ -271,6 +270,56 @@ impl Locker {
         start: f64,
         place: &mut Option<String>,
     ) -> Result<Won> {
+        if abort.is_some_and(Abort::is_aborted) {
+            return Err(Error::Aborted);
+        }
+        let budget_end = options.retry.timeout.map(|t| start + t);
+        // The token source is asked once, when the acquisition starts (a source may depend on
+        // what runs then, as MutexManager's does).
+        let first_token = self.token()?;
+        let first_len = first_token.len();
+        let token = labelled(first_token, options.holder.as_deref());
+        let first = self
+            .attempt(
+                key,
+                &token,
+                first_ttl(options),
+                start,
+                budget_end,
+                abort,
+                None,
+            )
+            .await;
+        if let Ok(Attempt::Won { fence, at }) = first {
+            return Ok(Won {
+                token,
+                sent_at: start,
+                fence,
+                attempts: 1,
+                at,
+            });
+        }
+        // Boxed: a first try that wins (the common call) then moves a future a third the
+        // size about, and never builds the retry loop's.
+        let turns = Turns {
+            token,
+            first_len,
+            first,
+        };
+        Box::pin(self.retry_turns(key, options, abort, start, place, turns)).await
+    }
+
+    /// [`Self::take_turns`] after a first try that did not win: the attempts go on within the
+    /// retry policy.
+    async fn retry_turns(
+        &self,
+        key: &str,
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+        start: f64,
+        place: &mut Option<String>,
+        turns: Turns,
+    ) -> Result<Won> {
         let policy = &options.retry;
         let budget_end = policy.timeout.map(|t| start + t);
         let ttl = first_ttl(options);
@@ -283,32 +332,39 @@ impl Locker {
         let mut answered: Option<HeldReason> = None;
         // The failure of the last attempt, when a queued waiter went on after it.
         let mut failed: Option<Error>;
-        // The token source is asked once, when the acquisition starts (a source may depend on
-        // what runs then, as MutexManager's does). An attempt answered "held" left nothing
-        // under its token, so the next attempt sends it again; after any other miss (late,
-        // no answer) a grant may exist under it, so the next attempt sends a token of its own.
-        let first_token = self.token()?;
+        // An attempt answered "held" left nothing under its token, so the next attempt sends
+        // it again; after any other miss (late, no answer) a grant may exist under it, so the
+        // next attempt sends a token of its own.
+        let Turns {
+            mut token,
+            first_len,
+            first: first_try,
+        } = turns;
+        let first_token = token[..first_len].to_owned();
         let holder = options.holder.as_deref();
-        let mut token = labelled(first_token.clone(), holder);
+        let mut first_try = Some(first_try);
         let mut renewals = 0u32;
         loop {
-            if abort.is_some_and(Abort::is_aborted) {
-                return Err(Error::Aborted);
-            }
             attempt += 1;
-            let sent_at = next_sent_at;
             let mut retry_in = None;
-            let mut outcome = self
-                .attempt(
-                    key,
-                    token.clone(),
-                    ttl,
-                    sent_at,
-                    budget_end,
-                    abort,
-                    place.as_deref(),
-                )
-                .await;
+            let mut outcome = match first_try.take() {
+                Some(outcome) => outcome,
+                None => {
+                    if abort.is_some_and(Abort::is_aborted) {
+                        return Err(Error::Aborted);
+                    }
+                    self.attempt(
+                        key,
+                        &token,
+                        ttl,
+                        next_sent_at,
+                        budget_end,
+                        abort,
+                        place.as_deref(),
+                    )
+                    .await
+                }
+            };
             // The first attempt is a plain try, as cheap as without a queue (a try never takes
             // a key promised to a waiter). When we may wait, later attempts are queued; when
             // the try found the key taken, we join the queue at once, in the same attempt.
@@ -321,10 +377,11 @@ impl Locker {
                 *place = Some(next_waiter_id());
                 if matches!(outcome, Ok(Attempt::Missed(HeldReason::Held, _))) {
                     let sent_at = self.now()?;
+                    next_sent_at = sent_at;
                     outcome = self
                         .attempt(
                             key,
-                            token.clone(),
+                            &token,
                             ttl,
                             sent_at,
                             budget_end,
@@ -349,15 +406,10 @@ impl Locker {
                 }
             };
             let missed = match outcome {
-                Attempt::Won {
-                    token,
-                    sent_at,
-                    fence,
-                    at,
-                } => {
+                Attempt::Won { fence, at } => {
                     return Ok(Won {
                         token,
-                        sent_at,
+                        sent_at: next_sent_at,
                         fence,
                         attempts: attempt,
                         at,
@@ -514,7 +566,7 @@ impl Locker {
     async fn attempt(
         &self,
         key: &str,
-        token: String,
+        token: &str,
         ttl: u32,
         sent_at: f64,
         budget_end: Option<f64>,
@@ -523,7 +575,7 @@ impl Locker {
     ) -> Result<Attempt> {
         let end = lease_end(sent_at, ttl);
         let limit = budget_end.map_or(end, |b| b.min(end));
-        let mut op = self.grant_op(key, &token, ttl, waiter);
+        let mut op = self.grant_op(key, token, ttl, waiter);
         // The wait for an answer not there yet is boxed apart: this future is built by value
         // and moved into its caller on every acquisition, and the deadline's timer would
         // make it several times larger.
@@ -538,13 +590,13 @@ impl Locker {
                 // The server may have granted before the failure (a fenced grant whose counter
                 // write failed, a reply lost on the way back).
                 if may_have_granted(&e) {
-                    self.give_back_now(key, &token);
+                    self.give_back_now(key, token);
                 }
                 return Err(naming(e, key));
             }
             First::Right(why) => {
                 op.abandon();
-                self.give_back_later(op, key, token);
+                self.give_back_later(op, key, token.to_owned());
                 return match why {
                     First::Left(()) => Ok(Attempt::NoAnswer),
                     First::Right(()) => Err(Error::Aborted),
@@ -558,24 +610,19 @@ impl Locker {
         let now = match self.now() {
             Ok(now) => now,
             Err(e) => {
-                self.give_back_now(key, &token);
+                self.give_back_now(key, token);
                 return Err(e);
             }
         };
         if now >= end {
-            self.give_back_now(key, &token);
+            self.give_back_now(key, token);
             return Ok(Attempt::Missed(HeldReason::Late, None));
         }
         if abort.is_some_and(Abort::is_aborted) {
-            self.give_back_now(key, &token);
+            self.give_back_now(key, token);
             return Err(Error::Aborted);
         }
-        Ok(Attempt::Won {
-            token,
-            sent_at,
-            fence,
-            at: now,
-        })
+        Ok(Attempt::Won { fence, at: now })
     }
 
     /// The grant's answer, unless `limit` passes (`Right(Left)`) or `abort` fires first.
@@ -728,16 +775,11 @@ impl Locker {
         let token = labelled(self.token()?, options.holder.as_deref());
         let ttl = first_ttl(options);
         match self
-            .attempt(&key, token, ttl, start, None, None, None)
+            .attempt(&key, &token, ttl, start, None, None, None)
             .await?
         {
-            Attempt::Won {
-                token,
-                sent_at,
-                fence,
-                at,
-            } => self
-                .won(key, token, fence, sent_at, options, start, 1, Some(at))
+            Attempt::Won { fence, at } => self
+                .won(key, token, fence, start, options, start, 1, Some(at))
                 .map(Some),
             Attempt::NoAnswer => {
                 let elapsed_ms = self.now()? - start;
@@ -948,6 +990,14 @@ impl std::future::Future for GrantOp {
         };
         Poll::Ready(grant)
     }
+}
+
+/// What [`Locker::retry_turns`] goes on from: the first try's token (its first `first_len`
+/// bytes from the token source, the rest the holder's label) and outcome.
+struct Turns {
+    token: String,
+    first_len: usize,
+    first: Result<Attempt>,
 }
 
 /// A winning attempt of [`Locker::take_turns`].

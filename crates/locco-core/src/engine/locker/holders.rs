@@ -279,24 +279,12 @@ impl Locker {
             for i in 0..n {
                 let slot = &slots[(offset + i) % n];
                 let sent_at = self.now()?;
+                let token = labelled(self.token()?, options.holder.as_deref());
                 let attempt = self
-                    .attempt(
-                        slot,
-                        labelled(self.token()?, options.holder.as_deref()),
-                        ttl,
-                        sent_at,
-                        turns.budget_end,
-                        abort,
-                        None,
-                    )
+                    .attempt(slot, &token, ttl, sent_at, turns.budget_end, abort, None)
                     .await?;
-                let (token, sent_at, fence) = match attempt {
-                    Attempt::Won {
-                        token,
-                        sent_at,
-                        fence,
-                        ..
-                    } => (token, sent_at, fence),
+                let fence = match attempt {
+                    Attempt::Won { fence, .. } => fence,
                     Attempt::Missed(..) => continue,
                     Attempt::NoAnswer => {
                         unanswered += 1;
