@@ -1,8 +1,9 @@
 // This checkout against another build of locco-rs (e.g. main in a worktree), in one process,
 // on one server, alternating rounds so that a noisy machine hits both alike.
-// Usage: [BACKEND=redis|postgres] node bench/against.mjs /path/to/other/checkout   (both built, release)
+// Usage: [BACKEND=redis|postgres|memory] node bench/against.mjs /path/to/other/checkout   (both built, release)
 // Prints the median W1 and W2 pairs/s of each, this checkout's ratio to the other, and the
 // median of the rounds' own ratios (less moved by a round the machine slowed for both).
+// In memory, W1 and W2 are bench/memory.mjs's sequential and contended runs (one key).
 // The two share one JavaScript heap: a build whose facade leaves garbage slows the other too.
 import { pathToFileURL } from 'node:url';
 import path from 'node:path';
@@ -11,14 +12,17 @@ import { startPostgres, startRedis } from '../__test__/support/servers.mjs';
 const other = process.argv[2];
 if (!other) throw new Error('usage: node bench/against.mjs <other checkout>');
 const ROUNDS = Number(process.env.ROUNDS ?? 5);
-const W1_PAIRS = 5_000;
+const noServer = async () => ({ url: undefined, dispose: async () => {} });
 const BACKENDS = {
   // The W2 widths of bench/redis.mjs and bench/postgres.mjs.
   redis: { start: startRedis, module: 'redis.mjs', Adapter: 'RedisAdapter', workers: 256, options: {} },
   postgres: { start: startPostgres, module: 'postgres.mjs', Adapter: 'PostgresAdapter', workers: 64, options: { poolSize: 10 } },
+  // Every pair on one key; W2's workers wait their turn for it.
+  memory: { start: noServer, module: 'memory.mjs', Adapter: 'InMemoryAdapter', workers: 8, oneKey: true, pairs: 100_000 },
 };
 const backend = BACKENDS[process.env.BACKEND ?? 'redis'];
 if (!backend) throw new Error(`BACKEND must be one of ${Object.keys(BACKENDS).join(', ')}`);
+const W1_PAIRS = backend.pairs ?? 5_000;
 const W2_WORKERS = backend.workers;
 const W2_SECONDS = Number(process.env.W2_SECONDS ?? 3);
 const TTL = 10_000;
@@ -28,20 +32,22 @@ async function build(dir, url) {
   const at = (f) => pathToFileURL(path.resolve(dir, f)).href;
   const { Locker } = await import(at('index.mjs'));
   const Adapter = (await import(at(backend.module)))[backend.Adapter];
-  const adapter = new Adapter({ url, ...backend.options });
-  const locker = new Locker({ adapter, retry: { retries: 0 } });
+  const adapter = url === undefined ? new Adapter() : new Adapter({ url, ...backend.options });
+  // One key: a pair waits for the key, as long as it takes.
+  const retry = backend.oneKey ? { retries: Infinity, delay: 1000 } : { retries: 0 };
+  const locker = new Locker({ adapter, retry });
   return {
     async pair(key) {
       const lock = await locker.acquire(key, { ttl: TTL });
       await lock.release();
     },
-    close: () => adapter.close(),
+    close: async () => adapter.close?.(),
   };
 }
 
 async function w1(impl, tag) {
   const t0 = performance.now();
-  for (let i = 0; i < W1_PAIRS; i++) await impl.pair(`w1:${tag}:${i}`);
+  for (let i = 0; i < W1_PAIRS; i++) await impl.pair(backend.oneKey ? `w1:${tag}` : `w1:${tag}:${i}`);
   return W1_PAIRS / ((performance.now() - t0) / 1000);
 }
 
@@ -52,7 +58,7 @@ async function w2(impl, tag) {
   await Promise.all(
     Array.from({ length: W2_WORKERS }, async (_, w) => {
       while (performance.now() < end) {
-        await impl.pair(`w2:${tag}:${w}`);
+        await impl.pair(backend.oneKey ? `w2:${tag}` : `w2:${tag}:${w}`);
         pairs++;
       }
     }),
