@@ -117,9 +117,10 @@ pub(crate) fn with_lock(lock_id: f64, op_id: f64, f: impl FnOnce(Lock) -> Raw) -
 /// facade then needs no second call.
 pub fn release(lock_id: f64, final_attempt: bool, op_id: f64, out: &mut [f64]) -> Raw {
     with_lock(lock_id, op_id, |l| {
-        let done = ops::start(op_id, async move {
-            l.release(final_attempt).await.map(Answer::Bool)
-        });
+        let done = ops::start(
+            op_id,
+            ops::guard(async move { l.release(final_attempt).await.map(Answer::Bool) }),
+        );
         if let Some(Ok(Answer::Bool(true))) = done {
             if let Some(token) = lock_end(lock_id, out) {
                 return Raw(crate::hub::string(&token));

@@ -3,8 +3,8 @@
 use std::rc::Rc;
 
 use locco_core::{
-    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Error, Holders, LocalFuture, Lock,
-    LockState, Locker, LockerOptions, RetryOverrides, Runtime,
+    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Error, Holders, Lock, LockState,
+    Locker, LockerOptions, RetryOverrides, Runtime,
 };
 use napi::bindgen_prelude::Either;
 use napi_derive::napi;
@@ -316,26 +316,26 @@ pub(crate) fn start_acquire(
     abort: Option<Abort>,
     op_id: f64,
 ) -> Raw {
-    // Boxed per kind, so the single acquisition (the common call) is not as large as the
-    // many-key one, and what ops::run moves on is a pointer: moving a 3 KB future about
-    // cost an eighth of a contended hand-off in memcpy.
-    let op: LocalFuture<Result<Answer, Error>> = match (mode, keys) {
-        (_, Either::B(keys)) => Box::pin(async move {
+    // Boxed per kind (once, with the panic guard), so the single acquisition (the common
+    // call) is not as large as the many-key one, and what ops::run moves on is a pointer:
+    // moving a 3 KB future about cost an eighth of a contended hand-off in memcpy.
+    let op = match (mode, keys) {
+        (_, Either::B(keys)) => ops::guard(async move {
             let locks = locker.acquire_many(&keys, options, abort).await?;
             Ok(Answer::Numbers(
                 locks.into_iter().map(|l| keep(locker_id, l)).collect(),
             ))
         }),
-        (1, Either::A(key)) => Box::pin(async move {
-            let lock = locker.try_acquire(&key, options).await?;
+        (1, Either::A(key)) => ops::guard(async move {
+            let lock = locker.try_acquire(key, options).await?;
             Ok(lock.map_or(Answer::Null, |l| Answer::Number(keep(locker_id, l))))
         }),
-        (_, Either::A(key)) => Box::pin(async move {
-            let lock = locker.acquire(&key, options, abort).await?;
+        (_, Either::A(key)) => ops::guard(async move {
+            let lock = locker.acquire(key, options, abort).await?;
             Ok(Answer::Number(keep(locker_id, lock)))
         }),
     };
-    ops::run(op_id, op)
+    ops::run_guarded(op_id, op)
 }
 
 /// A fresh abort handle for one acquisition.

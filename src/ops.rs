@@ -7,6 +7,7 @@ use locco_core::IdMap;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::mem::ManuallyDrop;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
@@ -127,17 +128,28 @@ fn flatten(r: Result<Result<Answer, Error>, String>) -> Result<Answer, Error> {
     })
 }
 
+/// An operation's future in the one box it is polled from, with its panic guard.
+pub type GuardedOp = Pin<Box<dyn Future<Output = Result<Result<Answer, Error>, String>>>>;
+
+/// Boxes `fut` as a [`GuardedOp`]. A caller that boxes its future anyway (to choose among
+/// several) boxes it so, rather than box a box.
+pub fn guard(fut: impl Future<Output = Result<Answer, Error>> + 'static) -> GuardedOp {
+    Box::pin(Guarded(fut))
+}
+
 /// Runs an engine operation for JavaScript (see the module docs).
 pub fn run(op_id: f64, fut: impl Future<Output = Result<Answer, Error>> + 'static) -> Raw {
+    run_guarded(op_id, guard(fut))
+}
+
+/// [`run`] of a future already boxed.
+pub fn run_guarded(op_id: f64, fut: GuardedOp) -> Raw {
     finish(start(op_id, fut))
 }
 
 /// The first part of [`run`]: the answer when the operation finished within the call, `None`
 /// when it goes on (and settles `op_id` later).
-pub fn start(
-    op_id: f64,
-    fut: impl Future<Output = Result<Answer, Error>> + 'static,
-) -> Option<Result<Answer, Error>> {
+pub fn start(op_id: f64, fut: GuardedOp) -> Option<Result<Answer, Error>> {
     // The facade that started the operation hears of its end (see `hub::realm_of`).
     let realm = hub::realm_of(op_id);
     let settle = move |r| {
@@ -151,7 +163,7 @@ pub fn start(
             &[hub::num(op_id), value, hub::boolean(is_error)],
         );
     };
-    let done = executor::EXECUTOR.with(|e| e.run_now(Box::pin(Guarded(fut)), settle));
+    let done = executor::EXECUTOR.with(|e| e.run_now(fut, settle));
     // Tasks this call woke (a waiter handed the key on release) run before it returns; one of
     // them may be this operation, which then settles before the facade waits: it keeps that.
     executor::drain();

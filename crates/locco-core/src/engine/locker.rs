@@ -133,15 +133,18 @@ impl Locker {
 
     /// The prefixed key, checked.
     pub fn full_key(&self, key: &str) -> Result<String> {
-        let prefix = &self.shared.options.key_prefix;
-        let mut full = String::with_capacity(prefix.len() + key.len());
-        full.push_str(prefix);
-        full.push_str(key);
+        self.prefixed(key.to_owned())
+    }
+
+    /// [`Self::full_key`] of a key the caller hands over: without a prefix it is the key itself,
+    /// no copy made.
+    fn prefixed(&self, mut key: String) -> Result<String> {
         if key.is_empty() {
             return Err(Error::validation("key", "must be a non-empty string"));
         }
-        validate_key(&full)?;
-        Ok(full)
+        key.insert_str(0, &self.shared.options.key_prefix);
+        validate_key(&key)?;
+        Ok(key)
     }
 
     /// What the backend knows about `key` (the Locker's prefix added): held or not, the
@@ -197,12 +200,12 @@ impl Locker {
     /// `abort` stops the retry loop; a grant in flight at that moment is given back.
     pub async fn acquire(
         &self,
-        key: &str,
+        key: impl Into<String>,
         options: AcquireOptions,
         abort: Option<Abort>,
     ) -> Result<Lock> {
         options.validate()?;
-        let key = self.full_key(key)?;
+        let key = self.prefixed(key.into())?;
         self.acquire_key(key, &options, abort.as_ref()).await
     }
 
@@ -340,7 +343,6 @@ impl Locker {
             first_len,
             first: first_try,
         } = turns;
-        let first_token = token[..first_len].to_owned();
         let holder = options.holder.as_deref();
         let mut first_try = Some(first_try);
         let mut renewals = 0u32;
@@ -423,7 +425,8 @@ impl Locker {
             };
             if missed != Some(HeldReason::Held) {
                 renewals += 1;
-                token = labelled(format!("{first_token}~{renewals}"), holder);
+                // Every token of the acquisition starts with the source's first one.
+                token = labelled(format!("{}~{renewals}", &token[..first_len]), holder);
             }
             // The clock is read once per step: each read costs more than the arithmetic around it.
             let now = self.now()?;
@@ -764,9 +767,13 @@ impl Locker {
     /// too late is given back and reported as [`HeldReason::LateAcquire`], because then nobody
     /// holds the key and "someone else has it" would be wrong; no answer at all is a backend
     /// timeout.
-    pub async fn try_acquire(&self, key: &str, options: AcquireOptions) -> Result<Option<Lock>> {
+    pub async fn try_acquire(
+        &self,
+        key: impl Into<String>,
+        options: AcquireOptions,
+    ) -> Result<Option<Lock>> {
         options.validate()?;
-        let key = self.full_key(key)?;
+        let key = self.prefixed(key.into())?;
         self.try_acquire_key(key, &options).await
     }
 
@@ -993,7 +1000,7 @@ impl std::future::Future for GrantOp {
 }
 
 /// What [`Locker::retry_turns`] goes on from: the first try's token (its first `first_len`
-/// bytes from the token source, the rest the holder's label) and outcome.
+/// bytes are the token source's, the rest is the holder's label) and outcome.
 struct Turns {
     token: String,
     first_len: usize,
