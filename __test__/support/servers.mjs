@@ -1,7 +1,7 @@
 // Test servers on free loopback ports, in temporary directories, stopped afterwards.
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, connect } from 'node:net';
+import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -19,20 +19,71 @@ export function freePort() {
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-async function waitForPort(port, ms = 10_000) {
+/**
+ * Whether process `pid` has a socket listening on TCP `port` (Linux: the listening sockets in
+ * /proc/net/tcp*, matched by inode to the process's descriptors). A port that answers is not
+ * proof that our server holds it: another process may have taken the free port first.
+ */
+function listensOn(pid, port) {
+  const hexPort = `:${port.toString(16).toUpperCase().padStart(4, '0')}`;
+  const inodes = new Set();
+  for (const table of ['/proc/net/tcp', '/proc/net/tcp6']) {
+    let text = '';
+    try {
+      text = readFileSync(table, 'utf8');
+    } catch {
+      continue;
+    }
+    for (const line of text.split('\n').slice(1)) {
+      // sl local_address rem_address st ... inode: st 0A is LISTEN.
+      const f = line.trim().split(/\s+/);
+      if (f.length > 9 && f[1].endsWith(hexPort) && f[3] === '0A') inodes.add(f[9]);
+    }
+  }
+  if (inodes.size === 0) return false;
+  let fds = [];
+  try {
+    fds = readdirSync(`/proc/${pid}/fd`);
+  } catch {
+    return false;
+  }
+  return fds.some((fd) => {
+    try {
+      return inodes.has(/^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/${pid}/fd/${fd}`))?.[1]);
+    } catch {
+      return false; // closed meanwhile
+    }
+  });
+}
+
+/**
+ * Waits until `spawned`'s own process listens on `port`; fails at once, with its output, when it
+ * exits first (a port another process holds, a bad flag), and after `ms` with its output too.
+ */
+async function listening(spawned, port, ms) {
+  const { child, output } = spawned;
   const end = Date.now() + ms;
   for (;;) {
-    const ok = await new Promise((resolve) => {
-      const s = connect(port, '127.0.0.1');
-      s.once('connect', () => {
-        s.destroy();
-        resolve(true);
-      });
-      s.once('error', () => resolve(false));
-    });
-    if (ok) return;
-    if (Date.now() > end) throw new Error(`nothing listens on port ${port}`);
+    if (child.exitCode !== null || child.signalCode !== null) {
+      throw new Error(`${child.spawnfile} exited (${child.exitCode ?? child.signalCode}) before it listened on port ${port}: ${output()}`);
+    }
+    if (listensOn(child.pid, port)) return;
+    if (Date.now() > end) {
+      child.kill('SIGKILL');
+      throw new Error(`${child.spawnfile} did not listen on port ${port} in ${ms} ms: ${output()}`);
+    }
     await sleep(50);
+  }
+}
+
+/** `start()` until it succeeds, at most three times: a free port can be taken first. */
+async function withRetries(start) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await start();
+    } catch (err) {
+      if (attempt === 3) throw err;
+    }
   }
 }
 
@@ -314,33 +365,35 @@ export function secantusBinary() {
 
 /**
  * A MongoDB for the tests: LOCCO_TEST_MONGO_URL when set (a real mongod of yours), else
- * secantusd-rs on a free port with a temp storage path. Answers { url, name, dispose }.
+ * secantusd-rs on a free port (or `port`) with a temp storage path. Answers { url, name, dispose }.
  */
-export async function startMongo() {
+export async function startMongo({ port: askedPort } = {}) {
   if (process.env.LOCCO_TEST_MONGO_URL) {
     return { url: process.env.LOCCO_TEST_MONGO_URL, name: 'LOCCO_TEST_MONGO_URL', async dispose() {} };
   }
-  const port = await freePort();
-  const dir = mkdtempSync(join(tmpdir(), 'locco-mongo-'));
-  const child = spawn(
-    secantusBinary(),
-    ['--port', String(port), '--storage-path', join(dir, 'data'), '--cache-size', '128M', '--log-file-max', '16MB', '--log-level', 'WARNING'],
-    { stdio: 'ignore' },
-  );
-  await waitForPort(port, 30_000);
-  return {
-    url: `mongodb://127.0.0.1:${port}/?directConnection=true`,
-    name: 'secantusd-rs',
-    pid: child.pid,
-    async dispose() {
-      if (child.exitCode === null) {
+  const binary = secantusBinary();
+  const start = async () => {
+    const port = askedPort ?? (await freePort());
+    const dir = mkdtempSync(join(tmpdir(), 'locco-mongo-'));
+    const spawned = spawnLogged(binary, ['--port', String(port), '--storage-path', join(dir, 'data'), '--cache-size', '128M', '--log-file-max', '16MB', '--log-level', 'WARNING']);
+    const { child } = spawned;
+    const stop = async () => {
+      if (child.exitCode === null && child.signalCode === null) {
         const exited = new Promise((r) => child.once('exit', r));
         child.kill('SIGKILL');
         await exited;
       }
       rmSync(dir, { recursive: true, force: true });
-    },
+    };
+    try {
+      await listening(spawned, port, 30_000);
+    } catch (err) {
+      await stop();
+      throw err;
+    }
+    return { url: `mongodb://127.0.0.1:${port}/?directConnection=true`, name: 'secantusd-rs', pid: child.pid, dispose: stop };
   };
+  return askedPort === undefined ? withRetries(start) : start();
 }
 
 /**
@@ -348,11 +401,18 @@ export async function startMongo() {
  * Returns { members: [{ name, endpoint, url, pause, resume, stop, start, running }], endpoints,
  * leader(), call(member, path, body), dispose }. Elections are fast (50 ms beats, 500 ms timeout).
  */
-export async function startEtcdCluster({ size = 3, binary = 'etcd', tls } = {}) {
+export async function startEtcdCluster({ size = 3, binary = 'etcd', tls, port } = {}) {
+  const start = () => startEtcdOnce({ size, binary, tls, port });
+  return port === undefined ? withRetries(start) : start();
+}
+
+/** startEtcdCluster's one try; `port`: the first member's client port instead of a free one. */
+async function startEtcdOnce({ size, binary, tls, port }) {
   const dir = mkdtempSync(join(tmpdir(), 'locco-etcd-'));
   const ports = [];
   for (let i = 0; i < size; i++) {
-    ports.push({ client: await freePort(), peer: await freePort(), tls: tls ? await freePort() : undefined });
+    const client = i === 0 && port !== undefined ? port : await freePort();
+    ports.push({ client, peer: await freePort(), tls: tls ? await freePort() : undefined });
   }
   const cluster = ports.map((p, i) => `m${i}=http://127.0.0.1:${p.peer}`).join(',');
   const token = `locco-${ports[0].peer}`;
@@ -367,7 +427,7 @@ export async function startEtcdCluster({ size = 3, binary = 'etcd', tls } = {}) 
       tlsEndpoint: tls ? `https://127.0.0.1:${p.tls}` : undefined,
       async start() {
         const clientUrls = tls ? `${member.url},${member.tlsEndpoint}` : member.url;
-        child = spawn(
+        const spawned = spawnLogged(
           binary,
           [
             '--name', name,
@@ -384,9 +444,9 @@ export async function startEtcdCluster({ size = 3, binary = 'etcd', tls } = {}) 
             '--election-timeout', '500',
             '--log-level', 'error',
           ],
-          { stdio: 'ignore' },
         );
-        await waitForPort(p.client);
+        child = spawned.child;
+        await listening(spawned, p.client, 10_000);
       },
       running: () => Boolean(child && child.exitCode === null && child.signalCode === null),
       pause: () => child.kill('SIGSTOP'),
@@ -402,7 +462,6 @@ export async function startEtcdCluster({ size = 3, binary = 'etcd', tls } = {}) 
     };
     return member;
   });
-  await Promise.all(members.map((m) => m.start()));
   const call = async (member, path, body = {}, headers = {}) => {
     const res = await fetch(`${member.url}/v3/${path}`, {
       method: 'POST',
@@ -440,6 +499,7 @@ export async function startEtcdCluster({ size = 3, binary = 'etcd', tls } = {}) 
     },
   };
   try {
+    await Promise.all(members.map((m) => m.start()));
     await server.leader(30_000);
   } catch (e) {
     await server.dispose();
