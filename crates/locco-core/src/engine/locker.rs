@@ -302,8 +302,8 @@ impl Locker {
                 at,
             });
         }
-        // Boxed: a first try that wins (the common call) then moves a future a third the
-        // size about, and never builds the retry loop's.
+        // Boxed: a first try that wins (the common call) never builds the retry loop's state,
+        // and the future it moves about on every call is smaller (936 bytes, from 1,352).
         let turns = Turns {
             token,
             first_len,
