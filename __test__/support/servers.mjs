@@ -76,11 +76,11 @@ async function listening(spawned, port, ms) {
   }
 }
 
-/** `start()` until it succeeds, at most three times: a free port can be taken first. */
+/** `start(attempt)` until it succeeds, at most three times: a free port can be taken first. */
 async function withRetries(start) {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await start();
+      return await start(attempt);
     } catch (err) {
       if (attempt === 3) throw err;
     }
@@ -157,19 +157,17 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
       throw err;
     }
   };
-  for (let attempt = 1; ; attempt++) {
-    if (port === undefined || (ownPorts && attempt > 1)) port = await freePort();
+  const tryPorts = async (attempt) => {
+    if (port === undefined || attempt > 1) port = await freePort();
     if (cluster && (busPort === undefined || attempt > 1)) busPort = await freePort();
-    try {
-      await launch();
-      break;
-    } catch (err) {
-      if (!ownPorts || attempt === 3) {
-        rmSync(dir, { recursive: true, force: true });
-        throw err;
-      }
-      rmSync(join(dir, 'nodes.conf'), { force: true });
-    }
+    rmSync(join(dir, 'nodes.conf'), { force: true }); // a failed try's cluster state
+    await launch();
+  };
+  try {
+    await (ownPorts ? withRetries(tryPorts) : tryPorts(1));
+  } catch (err) {
+    rmSync(dir, { recursive: true, force: true });
+    throw err;
   }
   const server = {
     port: tlsPort ?? port,
