@@ -1,13 +1,14 @@
 //! The in-memory backend: one process, no I/O, every answer ready at once.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::rc::Rc;
 
 use crate::backend::holder::holder_of;
 use crate::backend::queue::{Queue, Queued, WakeBoard};
 use crate::backend::{Backend, Coordination, KeyInfo, Op, Waiter};
 use crate::engine::clock::{Clock, MonotonicClock};
+use crate::engine::ids::KeyMap;
 
 struct Entry {
     token: String,
@@ -32,12 +33,12 @@ struct Place {
 /// polls first.
 pub struct MemoryBackend {
     clock: Rc<dyn Clock>,
-    entries: RefCell<HashMap<String, Entry>>,
-    fences: RefCell<HashMap<String, u64>>,
-    queues: RefCell<HashMap<String, VecDeque<Place>>>,
+    entries: RefCell<KeyMap<String, Entry>>,
+    fences: RefCell<KeyMap<String, u64>>,
+    queues: RefCell<KeyMap<String, VecDeque<Place>>>,
     board: WakeBoard,
     /// Coordination records: value and expiry.
-    records: RefCell<HashMap<String, (String, f64)>>,
+    records: RefCell<KeyMap<String, (String, f64)>>,
 }
 
 impl Default for MemoryBackend {

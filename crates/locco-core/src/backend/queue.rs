@@ -9,7 +9,6 @@
 //! - A release (or a head leaving a free key) pushes a wake to the new head. A push only says
 //!   "try now": the grant is still the waiter's own attempt, so the lease clock rule holds.
 
-use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
 use crate::backend::{Op, Waiter};
+use crate::engine::ids::{KeyMap, KeySet};
 
 /// What a queued attempt got.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,10 +60,10 @@ pub struct WakeBoard(Arc<Mutex<Board>>);
 
 #[derive(Default)]
 struct Board {
-    listening: HashMap<String, Arc<Slot>>,
+    listening: KeyMap<String, Arc<Slot>>,
     /// Pushes for waiters that do not listen yet: a push can overtake the answer that put the
     /// waiter in the queue. Ids are unique, so an old entry can only go unused.
-    early: HashSet<String>,
+    early: KeySet<String>,
 }
 
 /// Early pushes kept at most; past this the set starts again (a lost push costs one re-check).
