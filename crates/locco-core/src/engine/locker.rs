@@ -514,7 +514,9 @@ impl Locker {
             let sleep = sleep_until_from(clock, &*self.shared.rt.timer, wake_at, read_at);
             // Boxed, like the custom delay above: a first try that wins never waits, and the
             // timers would make every acquisition's future (moved on each call) larger.
-            let wait = first(sleep, wakeups.released());
+            // The wake is looked at first: after a push the sleep is then not polled, which
+            // would read the clock to see whether it is over.
+            let wait = first(wakeups.released(), sleep);
             if let First::Right(_) = Box::pin(first(wait, aborted(abort))).await {
                 return Err(Error::Aborted);
             }
