@@ -207,21 +207,23 @@ impl Executor {
             return;
         }
         // Read only once there is work: most drains (after a call that woke nobody) find none.
-        // Looked at only after a poll: before the first one no time has passed, and a hand-off
-        // (one poll) then reads the clock once.
+        // Looked at only from the second poll on: before the first one no time has passed, and
+        // a hand-off (one poll) then reads the clock once.
         let mut started: Option<Instant> = None;
-        let mut polled = false;
         loop {
             if !self.ready.borrow().is_empty() {
-                let started = *started.get_or_insert_with(Instant::now);
-                // Through setImmediate, not the threadsafe function: Node runs the queued
-                // calls of that one in a single turn, which would not let the loop run.
-                if polled
-                    && started.elapsed() >= DRAIN_BUDGET
-                    && crate::hub::call(crate::hub::Fn_::Resume, &[]).is_ok()
-                {
-                    self.behind.set(true);
-                    break;
+                match started {
+                    None => started = Some(Instant::now()),
+                    // Through setImmediate, not the threadsafe function: Node runs the queued
+                    // calls of that one in a single turn, which would not let the loop run.
+                    Some(at)
+                        if at.elapsed() >= DRAIN_BUDGET
+                            && crate::hub::call(crate::hub::Fn_::Resume, &[]).is_ok() =>
+                    {
+                        self.behind.set(true);
+                        break;
+                    }
+                    Some(_) => {}
                 }
             }
             // Other threads set `scheduled` after queueing, so the lock is taken only when
@@ -236,7 +238,6 @@ impl Executor {
             }
             let next = self.ready.borrow_mut().pop_front();
             let Some(id) = next else { break };
-            polled = true;
             let task = self.tasks.borrow_mut().remove(&id);
             if let Some(fut) = task {
                 self.poll_task(id, fut);
