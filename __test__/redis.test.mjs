@@ -29,6 +29,24 @@ describe('RedisAdapter faults', () => {
     await again.release();
   });
 
+  it('a connection the server closed costs no CPU while idle, and the next operation reconnects', async () => {
+    const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), retry: { retries: 0 } });
+    await (await locker.acquire('closed:warm', { ttl: 5000 })).release();
+    redis.cli('CLIENT', 'KILL', 'TYPE', 'normal');
+    await sleep(200);
+    // A socket at end of file stays readable: watched on after its reader ended, it woke the
+    // loop on every turn (half a core, in an idle process).
+    const before = process.cpuUsage();
+    const started = performance.now();
+    await sleep(1000);
+    const used = process.cpuUsage(before);
+    const share = (used.user + used.system) / 1000 / (performance.now() - started);
+    assert.ok(share < 0.2, `an idle process used ${(share * 100).toFixed(0)}% of a core`);
+    const lock = await locker.tryAcquire('closed:after', { ttl: 5000 });
+    assert.ok(lock, 'the key was free');
+    assert.equal(await lock.release(), true);
+  });
+
   it('a stopped server gives a timeout BackendError and late-extend, not a hang', async () => {
     const adapter = new RedisAdapter({ url: redis.url });
     const locker = new Locker({ adapter, retry: { retries: 0 } });
