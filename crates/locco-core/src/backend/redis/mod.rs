@@ -21,11 +21,8 @@ use crate::engine::error::{BackendErrorKind, Error};
 mod doctor;
 #[cfg(unix)]
 mod event_loop_link;
-// Only an event-loop link (Unix) makes one.
 mod failure;
 mod gate;
-#[cfg_attr(not(unix), allow(dead_code))]
-mod loop_conn;
 mod pushes;
 
 use failure::failure_of;
@@ -317,9 +314,7 @@ enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
     /// A connection on the engine's thread (see `event_loop_link`).
-    Local(loop_conn::LoopConn),
-    /// A connection of its own to one node (the doctor's, node by node).
-    Node(MultiplexedConnection),
+    Local(MultiplexedConnection),
 }
 
 impl Conn {
@@ -340,7 +335,6 @@ impl Conn {
             Conn::Single(c) => inv.invoke_async(c).await,
             Conn::Cluster(c) => inv.invoke_async(c).await,
             Conn::Local(c) => inv.invoke_async(c).await,
-            Conn::Node(c) => inv.invoke_async(c).await,
         }
     }
 
@@ -358,7 +352,6 @@ impl Conn {
                     Conn::Single(c) => load.load_async(c).await?,
                     Conn::Cluster(c) => load.load_async(c).await?,
                     Conn::Local(c) => load.load_async(c).await?,
-                    Conn::Node(c) => load.load_async(c).await?,
                 };
                 self.query(cmd).await
             }
@@ -371,7 +364,6 @@ impl Conn {
             Conn::Single(c) => request.send(c).await,
             Conn::Cluster(c) => request.send(c).await,
             Conn::Local(c) => request.send(c).await,
-            Conn::Node(c) => request.send(c).await,
         }
     }
 
@@ -380,7 +372,6 @@ impl Conn {
             Conn::Single(c) => cmd.query_async(c).await,
             Conn::Cluster(c) => cmd.query_async(c).await,
             Conn::Local(c) => cmd.query_async(c).await,
-            Conn::Node(c) => cmd.query_async(c).await,
         }
     }
 }
