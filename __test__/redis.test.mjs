@@ -34,8 +34,8 @@ describe('RedisAdapter faults', () => {
     await (await locker.acquire('closed:warm', { ttl: 5000 })).release();
     redis.cli('CLIENT', 'KILL', 'TYPE', 'normal');
     await sleep(200);
-    // A socket at end of file stays readable: watched on after its reader ended, it woke the
-    // loop on every turn (half a core, in an idle process).
+    // A socket at end of file stays readable: a watch left on it after the connection ended
+    // would wake the loop on every turn.
     const before = process.cpuUsage();
     const started = performance.now();
     await sleep(1000);

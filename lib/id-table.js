@@ -16,10 +16,10 @@
  * the live ones of a moment fall into consecutive slots and rarely meet.
  *
  * A delete leaves a marker (its value cleared, so nothing stays reachable) rather than moving
- * later entries up: operations end roughly in the order they began, and closing the hole
- * scanned the whole run of live ids after it (4,096 Redis requests in flight spent a third of
- * the process's time there). The arrays are rebuilt without the markers once live entries and
- * markers fill half of them; a rebuild leaves them at most a quarter full, so it is paid for
+ * later entries up: operations end roughly in the order they began, so closing the hole
+ * scanned the whole run of live ids after it, every one in flight. The arrays are rebuilt
+ * without the markers once live entries and markers fill half of them; a rebuild leaves them
+ * at most a quarter full (doubling them when it must, as growth did before), so it is paid for
  * by the quarter's worth of deletes and adds before the next.
  */
 const EMPTY = 0;
@@ -80,7 +80,8 @@ class IdTable {
     ids[i] = id;
     this._values[i] = value;
     this.size++;
-    if ((this.size + this._deleted) * 2 > mask + 1) this._rebuild();
+    // At half full, so that the live entries (at most half) fit a quarter of twice the room.
+    if ((this.size + this._deleted) * 2 >= mask + 1) this._rebuild();
   }
 
   delete(id) {
