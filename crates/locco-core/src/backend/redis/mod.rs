@@ -313,7 +313,8 @@ impl RedisOptions {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
-    /// A connection on the engine's thread (see `event_loop_link`).
+    /// A multiplexed connection of its own: the event-loop link's, on the engine's thread
+    /// (see `event_loop_link`), or the doctor's to one cluster node.
     Local(MultiplexedConnection),
 }
 
