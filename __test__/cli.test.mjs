@@ -20,8 +20,9 @@ let keys = 0;
 const newKey = (name) => `cli-test:${name}:${process.pid}:${++keys}`;
 
 /**
- * Starts `locco-rs <args>`. Answers { child, done }: done settles with { code, signal, stdout,
- * stderr, ms } when it exits (killed after `timeout` ms, which fails the test that waits).
+ * Starts `locco-rs <args>`. Answers { child, done, sofar }: done settles with { code, signal,
+ * stdout, stderr, ms } when it exits (killed after `timeout` ms, which fails the test that
+ * waits); sofar() shows what it printed until now, for a failure while it still runs.
  */
 function start(args, { env = {}, timeout = 60_000 } = {}) {
   const began = Date.now();
@@ -38,7 +39,8 @@ function start(args, { env = {}, timeout = 60_000 } = {}) {
       resolve({ code, signal, stdout, stderr, ms: Date.now() - began });
     });
   });
-  return { child, done };
+  const sofar = () => shown({ code: 'still running', stdout, stderr, ms: Date.now() - began });
+  return { child, done, sofar };
 }
 
 const cli = (args, options) => start(args, options).done;
@@ -521,8 +523,8 @@ describe('inspect and release', () => {
         assert.match(refused.stderr, /--force/, shown(refused));
         // Still held, by the same process, well past its next extensions.
         await sleep(1500);
-        const still = JSON.parse((await cli(['inspect', '--url', url, '--key', key, '--json'])).stdout);
-        assert.equal(still.held, true);
+        const still = await cli(['inspect', '--url', url, '--key', key, '--json']);
+        assert.equal(JSON.parse(still.stdout).held, true, `${shown(still)}\n--- the holder\n${holding.sofar()}`);
         assert.equal(existsSync(`${ready}.term`), false);
 
         const forced = await cli(['release', '--url', url, '--key', key, '--force']);
