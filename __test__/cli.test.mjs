@@ -524,7 +524,7 @@ describe('inspect and release', () => {
         // Still held, by the same process, well past its next extensions.
         await sleep(1500);
         const still = await cli(['inspect', '--url', url, '--key', key, '--json']);
-        assert.equal(JSON.parse(still.stdout).held, true, `${shown(still)}\n--- the holder\n${holding.sofar()}`);
+        assert.equal(JSON.parse(still.stdout).held, true, `${shown(still)}\n--- the first inspect's ttlLeft: ${info.ttlLeft} ms\n--- the holder\n${holding.sofar()}`);
         assert.equal(existsSync(`${ready}.term`), false);
 
         const forced = await cli(['release', '--url', url, '--key', key, '--force']);
