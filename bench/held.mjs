@@ -43,47 +43,51 @@ async function open() {
 }
 
 const { adapter, pid, dispose } = await open();
-const locker = new Locker({ adapter, retry: { retries: 0 } });
-const rssBefore = process.memoryUsage().rss;
-const locks = new Array(COUNT);
-const t0 = performance.now();
-let next = 0;
-await Promise.all(
-  Array.from({ length: Math.min(IN_FLIGHT, COUNT) }, async () => {
-    while (next < COUNT) {
-      const i = next++;
-      locks[i] = await locker.acquire(`held:${i}`, { ttl: TTL, autoExtend: { maxHold: 2 ** 31 - 1 } });
-    }
-  }),
-);
-const acquireS = (performance.now() - t0) / 1000;
-globalThis.gc?.();
-const cpu0 = process.cpuUsage();
-const server0 = pid ? cpuSeconds(pid) : 0;
-const h0 = performance.now();
-let rssPeak = process.memoryUsage().rss;
-const sampler = setInterval(() => (rssPeak = Math.max(rssPeak, process.memoryUsage().rss)), 1000);
-await new Promise((r) => setTimeout(r, HOLD_S * 1000));
-clearInterval(sampler);
-const wall = (performance.now() - h0) / 1000;
-const cpu = process.cpuUsage(cpu0);
-const nodeCpu = (cpu.user + cpu.system) / 1e6 / wall;
-const serverCpu = pid ? (cpuSeconds(pid) - server0) / wall : undefined;
-const lost = locks.filter((l) => l.state !== 'held').length;
-const perLock = (rssPeak - rssBefore) / COUNT;
-const pct = (x) => `${(x * 100).toFixed(1)} %`;
-console.log(
-  `${backend}: ${COUNT.toLocaleString('en-US')} locks, ttl ${TTL} ms, held ${HOLD_S} s: acquired in ${acquireS.toFixed(1)} s ` +
-    `(${Math.round(COUNT / acquireS).toLocaleString('en-US')}/s); Node CPU ${pct(nodeCpu)} of a core` +
-    (serverCpu === undefined ? '' : `, server CPU ${pct(serverCpu)}`) +
-    `; RSS ${(rssPeak / 2 ** 20).toFixed(0)} MB (${Math.round(perLock)} B per lock); lost ${lost}`,
-);
-console.log(JSON.stringify({ backend, count: COUNT, ttl: TTL, holdS: HOLD_S, acquireS, nodeCpu, serverCpu, rssPeak, perLock, lost }));
-let i = 0;
-await Promise.all(
-  Array.from({ length: IN_FLIGHT }, async () => {
-    while (i < COUNT) await locks[i++].release().catch(() => {});
-  }),
-);
-await adapter.close?.();
-await dispose();
+// A failure (an acquisition the server did not answer in time) still stops the server.
+try {
+  const locker = new Locker({ adapter, retry: { retries: 0 } });
+  const rssBefore = process.memoryUsage().rss;
+  const locks = new Array(COUNT);
+  const t0 = performance.now();
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: Math.min(IN_FLIGHT, COUNT) }, async () => {
+      while (next < COUNT) {
+        const i = next++;
+        locks[i] = await locker.acquire(`held:${i}`, { ttl: TTL, autoExtend: { maxHold: 2 ** 31 - 1 } });
+      }
+    }),
+  );
+  const acquireS = (performance.now() - t0) / 1000;
+  globalThis.gc?.();
+  const cpu0 = process.cpuUsage();
+  const server0 = pid ? cpuSeconds(pid) : 0;
+  const h0 = performance.now();
+  let rssPeak = process.memoryUsage().rss;
+  const sampler = setInterval(() => (rssPeak = Math.max(rssPeak, process.memoryUsage().rss)), 1000);
+  await new Promise((r) => setTimeout(r, HOLD_S * 1000));
+  clearInterval(sampler);
+  const wall = (performance.now() - h0) / 1000;
+  const cpu = process.cpuUsage(cpu0);
+  const nodeCpu = (cpu.user + cpu.system) / 1e6 / wall;
+  const serverCpu = pid ? (cpuSeconds(pid) - server0) / wall : undefined;
+  const lost = locks.filter((l) => l.state !== 'held').length;
+  const perLock = (rssPeak - rssBefore) / COUNT;
+  const pct = (x) => `${(x * 100).toFixed(1)} %`;
+  console.log(
+    `${backend}: ${COUNT.toLocaleString('en-US')} locks, ttl ${TTL} ms, held ${HOLD_S} s: acquired in ${acquireS.toFixed(1)} s ` +
+      `(${Math.round(COUNT / acquireS).toLocaleString('en-US')}/s); Node CPU ${pct(nodeCpu)} of a core` +
+      (serverCpu === undefined ? '' : `, server CPU ${pct(serverCpu)}`) +
+      `; RSS ${(rssPeak / 2 ** 20).toFixed(0)} MB (${Math.round(perLock)} B per lock); lost ${lost}`,
+  );
+  console.log(JSON.stringify({ backend, count: COUNT, ttl: TTL, holdS: HOLD_S, acquireS, nodeCpu, serverCpu, rssPeak, perLock, lost }));
+  let i = 0;
+  await Promise.all(
+    Array.from({ length: IN_FLIGHT }, async () => {
+      while (i < COUNT) await locks[i++].release().catch(() => {});
+    }),
+  );
+} finally {
+  await adapter.close?.();
+  await dispose();
+}
