@@ -39,12 +39,12 @@ function start(args, { env = {}, timeout = 60_000 } = {}) {
       resolve({ code, signal, stdout, stderr, ms: Date.now() - began });
     });
   });
-  const sofar = () => shown({ code: 'still running', stdout, stderr, ms: Date.now() - began });
+  const sofar = () => shown({ running: true, stdout, stderr, ms: Date.now() - began });
   return { child, done, sofar };
 }
 
 const cli = (args, options) => start(args, options).done;
-const shown = (r) => `exit ${r.code ?? r.signal} after ${r.ms} ms\n--- stdout\n${r.stdout}\n--- stderr\n${r.stderr}`;
+const shown = (r) => `${r.running ? 'still running' : `exit ${r.code ?? r.signal}`} after ${r.ms} ms\n--- stdout\n${r.stdout}\n--- stderr\n${r.stderr}`;
 
 /** Writes a Node script into the temp dir; answers its path. */
 function script(name, source) {
