@@ -120,6 +120,8 @@ unsafe extern "C" fn torn_down(_arg: *mut std::ffi::c_void) {
     crate::ops::teardown();
     crate::registry::teardown();
     crate::executor::teardown();
+    #[cfg(target_os = "linux")]
+    crate::alloc::close_this_thread();
 }
 
 /// Calls a trampoline of the newest facade; see `call_in`.

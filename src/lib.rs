@@ -5,9 +5,11 @@
 // Under `cargo test` the napi exports are compiled out, which leaves their helpers unused.
 #![cfg_attr(test, allow(dead_code, unused_imports))]
 
-// The system allocator: mimalloc v3 segfaults on a worker thread's first allocation when the
-// library is loaded with dlopen (as Node loads addons), and v2 made the contended in-memory
-// benchmark about a tenth slower than the system allocator here.
+#[cfg(target_os = "linux")]
+mod alloc;
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static ALLOCATOR: alloc::ThreadCached = alloc::ThreadCached;
 
 mod adapters;
 mod doctor;
