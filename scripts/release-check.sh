@@ -226,7 +226,8 @@ build_target() {
   case "$t" in *-linux-gnu) spec="$t.2.17" ;; esac
   args=(--platform --release --target "$spec" --cross-compile --target-dir "$CROSS" -o "$OUT/$t" --js binding.js --dts binding.d.ts)
   rm -rf "$OUT/$t" && mkdir -p "$OUT/$t"
-  (cd "$TREE" && nice -n 19 node_modules/.bin/napi build "${args[@]}")
+  # with-protoc: the etcd client's build script needs a protoc, which the machine may lack.
+  (cd "$TREE" && nice -n 19 node scripts/with-protoc.mjs node_modules/.bin/napi build "${args[@]}") || return 1
   ls -l "$OUT/$t"
 }
 
