@@ -126,18 +126,22 @@ impl MemoryBackend {
         if self.live_until(key, now).is_some() {
             return false;
         }
-        match self.head(key, now) {
-            None => {}
-            Some(head) if Some(head.as_str()) == waiter => {
-                let mut queues = self.queues.borrow_mut();
-                if let Some(q) = queues.get_mut(key) {
-                    q.pop_front();
-                    if q.is_empty() {
-                        queues.remove(key);
+        // The head is compared in place: cloning it cost an allocation per hand-off.
+        {
+            let mut queues = self.queues.borrow_mut();
+            if let Some(queue) = queues.get_mut(key) {
+                queue.retain(|p| p.expires_at > now);
+                match queue.front() {
+                    None => {}
+                    Some(head) if Some(head.waiter.as_str()) == waiter => {
+                        queue.pop_front();
                     }
+                    Some(_) => return false,
+                }
+                if queue.is_empty() {
+                    queues.remove(key);
                 }
             }
-            Some(_) => return false,
         }
         self.grant(key, token, ttl, now)
     }
@@ -299,7 +303,11 @@ impl Queue for MemoryBackend {
         }
         let expires_at = now + lease as f64;
         let mut queues = self.queues.borrow_mut();
-        let queue = queues.entry(key.to_owned()).or_default();
+        // Looked up before it is made: the key is copied only for a queue that is new.
+        if !queues.contains_key(key) {
+            queues.insert(key.to_owned(), VecDeque::new());
+        }
+        let queue = queues.get_mut(key).expect("just made");
         match queue.iter_mut().position(|p| p.waiter == waiter) {
             Some(i) => queue[i].expires_at = expires_at,
             None => queue.push_back(Place {
