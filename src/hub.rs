@@ -191,7 +191,16 @@ pub fn boolean(b: bool) -> sys::napi_value {
 
 pub fn string(s: &str) -> sys::napi_value {
     let mut v = ptr::null_mut();
-    unsafe { sys::napi_create_string_utf8(env(), s.as_ptr().cast(), s.len() as isize, &mut v) };
+    let (text, len) = (s.as_ptr().cast(), s.len() as isize);
+    // ASCII (tokens, most keys) is its own Latin-1: V8 copies it as it is, where UTF-8 is
+    // decoded first (every release hands its token back).
+    unsafe {
+        if s.is_ascii() {
+            sys::napi_create_string_latin1(env(), text, len, &mut v)
+        } else {
+            sys::napi_create_string_utf8(env(), text, len, &mut v)
+        }
+    };
     v
 }
 
