@@ -25,8 +25,6 @@ type WakeFn = ThreadsafeFunction<(), (), (), napi::Status, false, true>;
 
 /// The longest one drain polls before it lets the event loop run.
 const DRAIN_BUDGET: Duration = Duration::from_millis(4);
-/// The poll of a drain from which its budget is timed.
-const TIMED_FROM_POLL: u32 = 8;
 
 /// The part of the executor other threads may touch.
 pub struct Remote {
@@ -208,16 +206,14 @@ impl Executor {
         if self.draining.replace(true) {
             return;
         }
-        // The budget is timed from the eighth poll on: most drains run one or two tasks (a
-        // hand-off polls one), and a clock reading costs more than such a poll's bookkeeping.
-        let mut polls = 0u32;
+        // Read only once there is work: most drains (after a call that woke nobody) find none.
+        // Looked at only from the second poll on: before the first one no time has passed, and
+        // a hand-off (one poll) then reads the clock once.
         let mut started: Option<Instant> = None;
         loop {
             if !self.ready.borrow().is_empty() {
-                polls += 1;
                 match started {
-                    None if polls >= TIMED_FROM_POLL => started = Some(Instant::now()),
-                    None => {}
+                    None => started = Some(Instant::now()),
                     // Through setImmediate, not the threadsafe function: Node runs the queued
                     // calls of that one in a single turn, which would not let the loop run.
                     Some(at)
