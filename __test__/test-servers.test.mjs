@@ -1,7 +1,8 @@
 // The test servers' helpers: a server that cannot start says why, at once.
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { createServer } from 'node:net';
-import { readdirSync } from 'node:fs';
+import { readFileSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { it } from 'node:test';
 import { hasCommand, secantusBinary, startEtcd, startMongo, startRedis } from './support/servers.mjs';
@@ -76,4 +77,36 @@ it('an etcd member on a taken port fails with its own words', { skip: !hasComman
   const err = await startOnTakenPort((port) => startEtcd({ port }), 'locco-etcd-');
   assert.ok(err, 'startEtcd answered a member on a port another process holds');
   assert.match(err.message, /exited .* before it listened on port[\s\S]*address already in use/);
+});
+
+it('a test process that dies of an uncaught error takes its servers with it', async () => {
+  // A test file whose set-up throws after it started a server (a second server missing, say)
+  // never reaches its dispose: the server must not outlive the process as an orphan.
+  const script = `
+    import { startRedis } from ${JSON.stringify(new URL('./support/servers.mjs', import.meta.url).href)};
+    const server = await startRedis();
+    console.log(server.pid);
+    throw new Error('set-up failed after the server started');
+  `;
+  const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'ignore'] });
+  let out = '';
+  child.stdout.setEncoding('utf8').on('data', (d) => (out += d));
+  const code = await new Promise((r) => child.once('exit', r));
+  assert.notEqual(code, 0, 'the script failed as it should');
+  const pid = Number(out.trim());
+  assert.ok(pid > 0, `the script printed the server's pid: ${JSON.stringify(out)}`);
+  // Gone, or a zombie that nobody reaped yet (state Z): either way no longer running.
+  const alive = () => {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
+    } catch {
+      return false;
+    }
+  };
+  const until = Date.now() + 5000;
+  while (alive() && Date.now() < until) await new Promise((r) => setTimeout(r, 50));
+  const survived = alive();
+  if (survived) process.kill(pid, 'SIGKILL');
+  assert.equal(survived, false, `redis-server ${pid} outlived the process that started it`);
 });

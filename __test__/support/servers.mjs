@@ -97,12 +97,24 @@ export function hasCommand(cmd) {
 }
 
 /**
+ * Servers still running. A test file whose set-up throws after it started one never reaches
+ * its dispose; when the process ends they are killed, instead of living on as orphans. (An
+ * exit handler runs on an uncaught error too, though not when the process itself is killed.)
+ */
+const running = new Set();
+process.once('exit', () => {
+  for (const child of running) child.kill('SIGKILL');
+});
+
+/**
  * Spawns `binary`, keeping the last few KB of its output. `ready(pattern, ms)` waits for a line
  * that matches, and fails at once, with that output, when the process exits first. (A port that
  * answers is not proof: another process may have taken the free port first.)
  */
 function spawnLogged(binary, args) {
   const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  running.add(child);
+  child.once('exit', () => running.delete(child));
   let tail = '';
   let onData = () => {};
   const keep = (chunk) => {
