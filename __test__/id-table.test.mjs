@@ -54,7 +54,7 @@ test('adds, replaces, finds and deletes as a Map does, across growth and wrap-ar
   }
 });
 
-test("ids that share a slot are all kept, and deleting one leaves the others reachable", () => {
+test('ids that share a slot are all kept, and deleting one leaves the others reachable', () => {
   const table = new IdTable();
   // 64 slots at first: 1, 65, 129 and 193 share slot 1, 63 and 127 the last one.
   const ids = [1, 65, 129, 193, 63, 127];

@@ -65,14 +65,12 @@ const oursAcquire = async () => {
   const lock = await locker.acquire('contended', opts);
   return () => lock.release();
 };
-const peerAcquire = async () => {
-  const release = await mutex.acquire();
+const acquireOf = (m) => async () => {
+  const release = await m.acquire();
   return async () => release();
 };
-const cjsAcquire = async () => {
-  const release = await cjsMutex.acquire();
-  return async () => release();
-};
+const peerAcquire = acquireOf(mutex);
+const cjsAcquire = acquireOf(cjsMutex);
 
 // One unmeasured round of each, so the JIT has compiled both sides before timing starts.
 await sequential(peerPair);

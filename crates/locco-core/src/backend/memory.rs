@@ -78,16 +78,28 @@ impl MemoryBackend {
         self.len() == 0
     }
 
-    /// The live head of `key`'s queue, after dropping the places that ran out.
-    fn head(&self, key: &str, now: f64) -> Option<String> {
+    /// Runs `f` on `key`'s queue after dropping the places that ran out, and forgets the queue
+    /// when it is left empty. `None` when the key has no queue.
+    fn live_queue<R>(
+        &self,
+        key: &str,
+        now: f64,
+        f: impl FnOnce(&mut VecDeque<Place>) -> R,
+    ) -> Option<R> {
         let mut queues = self.queues.borrow_mut();
         let queue = queues.get_mut(key)?;
         queue.retain(|p| p.expires_at > now);
-        let head = queue.front().map(|p| p.waiter.clone());
-        if head.is_none() {
+        let answer = f(queue);
+        if queue.is_empty() {
             queues.remove(key);
         }
-        head
+        Some(answer)
+    }
+
+    /// The live head of `key`'s queue.
+    fn head(&self, key: &str, now: f64) -> Option<String> {
+        self.live_queue(key, now, |q| q.front().map(|p| p.waiter.clone()))
+            .flatten()
     }
 
     /// Pushes a wake to the head of `key`'s queue, when the key is free.
@@ -127,21 +139,16 @@ impl MemoryBackend {
             return false;
         }
         // The head is compared in place: cloning it cost an allocation per hand-off.
-        {
-            let mut queues = self.queues.borrow_mut();
-            if let Some(queue) = queues.get_mut(key) {
-                queue.retain(|p| p.expires_at > now);
-                match queue.front() {
-                    None => {}
-                    Some(head) if Some(head.waiter.as_str()) == waiter => {
-                        queue.pop_front();
-                    }
-                    Some(_) => return false,
-                }
-                if queue.is_empty() {
-                    queues.remove(key);
-                }
+        let our_turn = self.live_queue(key, now, |queue| match queue.front() {
+            None => true,
+            Some(head) if Some(head.waiter.as_str()) == waiter => {
+                queue.pop_front();
+                true
             }
+            Some(_) => false,
+        });
+        if our_turn == Some(false) {
+            return false;
         }
         self.grant(key, token, ttl, now)
     }
