@@ -51,6 +51,12 @@ impl AsyncRead for LoopStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        // The driver polls its stream whenever it is woken (once per request sent): a read
+        // goes out only when the loop saw bytes come in since the last one found none.
+        if !this.watch.may_read() {
+            this.watch.wait_readable(cx);
+            return Poll::Pending;
+        }
         let room = buf.remaining().min(this.scratch.len());
         loop {
             match (&*this.sock).read(&mut this.scratch[..room]) {
@@ -59,6 +65,11 @@ impl AsyncRead for LoopStream {
                     // the operations they finish have not run yet.
                     if n > 0 {
                         this.health.progress_ms.store(now_ms(), Ordering::Release);
+                    }
+                    // A read that did not fill the room took all there was: the next one
+                    // waits for the loop to report more (what came in since is reported).
+                    if n > 0 && n < room {
+                        this.watch.wait_readable(cx);
                     }
                     buf.put_slice(&this.scratch[..n]);
                     return Poll::Ready(Ok(()));
