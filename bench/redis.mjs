@@ -2,7 +2,10 @@
 // same process, same server, same run; median of 3.
 // W1: 5,000 sequential acquire+release pairs on distinct keys.
 // W2: 256 concurrent workers, each looping acquire+release on its own key for 5 s.
+// A bare client (the same two commands written by hand over one socket) is measured beside
+// both: the most any client in this process could do here.
 import { randomBytes } from 'node:crypto';
+import net from 'node:net';
 import Redis from 'ioredis';
 import { Locker } from '../index.mjs';
 import { runBackendBench } from './pairs.mjs';
@@ -34,6 +37,50 @@ function floor(url) {
   };
 }
 
+/**
+ * RESP by hand: one socket, requests written as they come, replies matched in order. It reads
+ * the reply types these commands get: a line (+OK, :n, $-1, -ERR) or a bulk string (the sha).
+ */
+async function bare(url) {
+  const { hostname, port } = new URL(url);
+  const sock = net.connect(Number(port), hostname);
+  sock.setNoDelay(true);
+  await new Promise((resolve, reject) => sock.once('connect', resolve).once('error', reject));
+  const waiting = [];
+  let rest = '';
+  sock.setEncoding('latin1');
+  sock.on('data', (chunk) => {
+    rest += chunk;
+    let at;
+    while ((at = rest.indexOf('\r\n')) !== -1) {
+      let reply = rest.slice(0, at);
+      let end = at + 2;
+      if (reply[0] === '$' && reply !== '$-1') {
+        end += Number(reply.slice(1)) + 2;
+        if (rest.length < end) return;
+        reply = rest.slice(at + 2, end - 2);
+      }
+      rest = rest.slice(end);
+      const { resolve, reject } = waiting.shift();
+      if (reply[0] === '-') reject(new Error(`bare: ${reply}`));
+      else resolve(reply);
+    }
+  });
+  const send = (...args) =>
+    new Promise((resolve, reject) => {
+      waiting.push({ resolve, reject });
+      sock.write(`*${args.length}\r\n${args.map((a) => `$${Buffer.byteLength(a)}\r\n${a}\r\n`).join('')}`);
+    });
+  const sha = await send('SCRIPT', 'LOAD', RELEASE);
+  return {
+    async pair(key) {
+      const token = randomBytes(16).toString('hex');
+      if ((await send('SET', key, token, 'PX', String(TTL), 'NX')) !== '+OK') throw new Error('bare: key held');
+      await send('EVALSHA', sha, '1', key, token);
+    },
+    close: () => sock.end(),
+  };
+}
 
 const server = await startRedis();
 const peer = floor(server.url);
@@ -42,6 +89,7 @@ await runBackendBench({
   Locker,
   adapter,
   peer,
+  bare: await bare(server.url),
   server,
   ttl: TTL,
   floorName: 'ioredis',
