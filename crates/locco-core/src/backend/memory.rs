@@ -1,11 +1,14 @@
 //! The in-memory backend: one process, no I/O, every answer ready at once.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::{Poll, Waker};
 
 use crate::backend::holder::holder_of;
-use crate::backend::queue::{Queue, Queued, WakeBoard};
+use crate::backend::queue::{Queue, Queued};
 use crate::backend::{Backend, Coordination, KeyInfo, Op, Waiter};
 use crate::engine::clock::{Clock, MonotonicClock};
 use crate::engine::ids::KeyMap;
@@ -22,10 +25,44 @@ impl Entry {
     }
 }
 
-/// A waiter's place in a key's queue.
+/// A waiter's place in a key's queue, with the slot its listener hears "try now" in: a wake
+/// goes straight to the head's slot, with no lookup by waiter id (the backend and its waiters
+/// share one thread).
 struct Place {
     waiter: String,
     expires_at: f64,
+    wake: Rc<Wake>,
+}
+
+#[derive(Default)]
+struct Wake {
+    /// Woken and not yet seen by the listener (or woken before anyone listened).
+    woken: Cell<bool>,
+    waker: Cell<Option<Waker>>,
+}
+
+impl Wake {
+    fn wake(&self) {
+        self.woken.set(true);
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// What `wakeups` answers: the slot of the waiter's place.
+struct Listener(Rc<Wake>);
+
+impl Waiter for Listener {
+    fn released(&mut self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        Box::pin(std::future::poll_fn(move |cx| {
+            if self.0.woken.replace(false) {
+                return Poll::Ready(());
+            }
+            self.0.waker.set(Some(cx.waker().clone()));
+            Poll::Pending
+        }))
+    }
 }
 
 /// Locks in a `HashMap`, with a fair queue of waiters per key (see [`Queue`]): a free key goes
@@ -36,7 +73,9 @@ pub struct MemoryBackend {
     entries: RefCell<KeyMap<String, Entry>>,
     fences: RefCell<KeyMap<String, u64>>,
     queues: RefCell<KeyMap<String, VecDeque<Place>>>,
-    board: WakeBoard,
+    /// Listeners whose waiter has no place: it ran out (a stalled waiter), or the join never
+    /// arrived (a wrapper that loses requests). The waiter's next join takes its slot back.
+    unplaced: RefCell<KeyMap<String, Rc<Wake>>>,
     /// Coordination records: value and expiry.
     records: RefCell<KeyMap<String, (String, f64)>>,
 }
@@ -55,7 +94,7 @@ impl MemoryBackend {
             entries: RefCell::default(),
             fences: RefCell::default(),
             queues: RefCell::default(),
-            board: WakeBoard::default(),
+            unplaced: RefCell::default(),
             records: RefCell::default(),
         }
     }
@@ -88,7 +127,14 @@ impl MemoryBackend {
     ) -> Option<R> {
         let mut queues = self.queues.borrow_mut();
         let queue = queues.get_mut(key)?;
-        queue.retain(|p| p.expires_at > now);
+        queue.retain(|p| {
+            let live = p.expires_at > now;
+            // Somebody still listens on a place that ran out: the slot waits for its rejoin.
+            if !live && Rc::strong_count(&p.wake) > 1 {
+                self.keep_unplaced(&p.waiter, p.wake.clone());
+            }
+            live
+        });
         let answer = f(queue);
         if queue.is_empty() {
             queues.remove(key);
@@ -96,10 +142,28 @@ impl MemoryBackend {
         Some(answer)
     }
 
-    /// The live head of `key`'s queue.
-    fn head(&self, key: &str, now: f64) -> Option<String> {
-        self.live_queue(key, now, |q| q.front().map(|p| p.waiter.clone()))
+    /// The slot of the live head of `key`'s queue.
+    fn head(&self, key: &str, now: f64) -> Option<Rc<Wake>> {
+        self.live_queue(key, now, |q| q.front().map(|p| p.wake.clone()))
             .flatten()
+    }
+
+    /// Keeps the slot of a listener whose waiter has no place, forgetting those nobody
+    /// listens on any more (their waiter ended).
+    fn keep_unplaced(&self, waiter: &str, wake: Rc<Wake>) {
+        let mut unplaced = self.unplaced.borrow_mut();
+        unplaced.retain(|_, w| Rc::strong_count(w) > 1);
+        unplaced.insert(waiter.to_owned(), wake);
+    }
+
+    /// The slot for a new place of `waiter`: its listener's, when it listened while it had
+    /// no place.
+    fn slot_for(&self, waiter: &str) -> Rc<Wake> {
+        let mut unplaced = self.unplaced.borrow_mut();
+        if unplaced.is_empty() {
+            return Rc::default();
+        }
+        unplaced.remove(waiter).unwrap_or_default()
     }
 
     /// Pushes a wake to the head of `key`'s queue, when the key is free.
@@ -111,8 +175,9 @@ impl MemoryBackend {
     /// map lookups of a whole release.
     fn wake_head_at(&self, key: &str, now: f64) {
         if self.live_until(key, now).is_none() {
+            // Woken outside the queue's borrow: a waker may reach back into the backend.
             if let Some(head) = self.head(key, now) {
-                self.board.wake(&head);
+                head.wake();
             }
         }
     }
@@ -320,6 +385,7 @@ impl Queue for MemoryBackend {
             None => queue.push_back(Place {
                 waiter: waiter.to_owned(),
                 expires_at,
+                wake: self.slot_for(waiter),
             }),
         }
         let at_head = queue.front().is_some_and(|p| p.waiter == waiter);
@@ -349,8 +415,20 @@ impl Queue for MemoryBackend {
         Op::ready(Ok(()))
     }
 
-    fn wakeups(&self, _key: &str, waiter: &str) -> Box<dyn Waiter> {
-        self.board.listen(waiter)
+    fn wakeups(&self, key: &str, waiter: &str) -> Box<dyn Waiter> {
+        let placed = self.queues.borrow().get(key).and_then(|q| {
+            q.iter()
+                .find(|p| p.waiter == waiter)
+                .map(|p| p.wake.clone())
+        });
+        let wake = placed.unwrap_or_else(|| {
+            // No place (yet, or any more): try now, and the rejoin takes this slot.
+            let wake = Rc::new(Wake::default());
+            wake.woken.set(true);
+            self.keep_unplaced(waiter, wake.clone());
+            wake
+        });
+        Box::new(Listener(wake))
     }
 }
 
@@ -379,5 +457,109 @@ impl Coordination for MemoryBackend {
     fn delete(&self, key: &str) -> Op<()> {
         self.records.borrow_mut().remove(key);
         Op::ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::timer::ManualClock;
+    use futures_util::FutureExt;
+
+    const LEASE: u32 = 3_000;
+
+    fn backend() -> (MemoryBackend, Rc<ManualClock>) {
+        let clock = ManualClock::new(0.0);
+        (MemoryBackend::new(clock.clone()), clock)
+    }
+
+    fn ready<T>(op: Op<T>) -> T {
+        op.now_or_never()
+            .expect("answered at once")
+            .expect("no error")
+    }
+
+    fn join(b: &MemoryBackend, waiter: &str) -> Queued {
+        ready(b.acquire_queued("k", waiter, 1_000, waiter, LEASE, false))
+    }
+
+    fn woken(listener: &mut Box<dyn Waiter>) -> bool {
+        listener.released().now_or_never().is_some()
+    }
+
+    #[test]
+    fn a_release_wakes_the_head_only_and_once() {
+        let (b, _) = backend();
+        assert!(ready(b.acquire("k", "holder", 1_000)));
+        assert!(matches!(join(&b, "w1"), Queued::Waiting { .. }));
+        assert!(matches!(join(&b, "w2"), Queued::Waiting { .. }));
+        let (mut w1, mut w2) = (b.wakeups("k", "w1"), b.wakeups("k", "w2"));
+        assert!(!woken(&mut w1) && !woken(&mut w2));
+        assert!(ready(b.release("k", "holder")));
+        assert!(woken(&mut w1), "the head hears the release");
+        assert!(!woken(&mut w1), "one release, one wake");
+        assert!(!woken(&mut w2), "the second in line waits for its turn");
+        assert_eq!(join(&b, "w1"), Queued::Granted(None));
+        assert!(ready(b.release("k", "w1")));
+        assert!(woken(&mut w2));
+    }
+
+    #[test]
+    fn a_wake_before_anyone_listens_is_kept() {
+        let (b, _) = backend();
+        assert!(ready(b.acquire("k", "holder", 1_000)));
+        join(&b, "w1");
+        assert!(ready(b.release("k", "holder")));
+        let mut w1 = b.wakeups("k", "w1");
+        assert!(woken(&mut w1));
+    }
+
+    #[test]
+    fn a_listener_whose_place_ran_out_hears_releases_after_it_rejoins() {
+        let (b, clock) = backend();
+        assert!(ready(b.acquire("k", "holder", 10_000)));
+        join(&b, "w1");
+        let mut w1 = b.wakeups("k", "w1");
+        // The waiter stalled past its place's lease: the release's look at the queue drops it.
+        clock.advance(LEASE as f64 + 1.0);
+        join(&b, "w2");
+        assert!(ready(b.release("k", "holder")));
+        assert!(!woken(&mut w1), "w1's place ran out: w2 is the head");
+        assert!(
+            matches!(join(&b, "w1"), Queued::Waiting { .. }),
+            "back in the queue, behind w2"
+        );
+        assert_eq!(join(&b, "w2"), Queued::Granted(None));
+        assert!(ready(b.release("k", "w2")));
+        assert!(
+            woken(&mut w1),
+            "the rejoined place kept the listener's slot"
+        );
+    }
+
+    #[test]
+    fn a_listener_without_a_place_tries_at_once_and_keeps_its_slot_for_the_join() {
+        let (b, _) = backend();
+        assert!(ready(b.acquire("k", "holder", 1_000)));
+        // The join never arrived (a request lost on the way).
+        let mut w1 = b.wakeups("k", "w1");
+        assert!(woken(&mut w1), "no place: the waiter should try now");
+        join(&b, "w1");
+        assert!(!woken(&mut w1));
+        assert!(ready(b.release("k", "holder")));
+        assert!(woken(&mut w1));
+    }
+
+    #[test]
+    fn slots_nobody_listens_on_are_forgotten() {
+        let (b, _) = backend();
+        for i in 0..100 {
+            drop(b.wakeups("k", &format!("gone{i}")));
+        }
+        drop(b.wakeups("k", "last"));
+        assert!(
+            b.unplaced.borrow().len() <= 1,
+            "dead slots are dropped on the next keep"
+        );
     }
 }
