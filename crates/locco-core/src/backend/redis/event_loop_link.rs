@@ -37,7 +37,12 @@ struct LoopStream {
     /// Where reads land first: the codec hands over uninitialised space, which would
     /// otherwise be zeroed on every read.
     scratch: Box<[u8]>,
+    /// Polls since the last read, while the loop reports nothing to read.
+    polls_since_read: u32,
 }
+
+/// See `poll_read`.
+const READ_EVERY: u32 = 8;
 
 // SAFETY: the `redis` crate asks for a `Send` stream because its drivers usually run on a
 // thread pool. This one is created, polled and dropped on the engine's thread only: the
@@ -51,12 +56,18 @@ impl AsyncRead for LoopStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        // The driver polls its stream whenever it is woken (once per request sent): a read
-        // goes out only when the loop saw bytes come in since the last one found none.
+        // The driver polls its stream whenever it is woken (once per request sent). A read
+        // goes out when the loop saw bytes come in since the last one found none, and
+        // otherwise on every READ_EVERY-th poll only: answers that arrive during a long turn
+        // are still taken in it, which keeps a deep pipeline flowing.
         if !this.watch.may_read() {
-            this.watch.wait_readable(cx);
-            return Poll::Pending;
+            this.polls_since_read += 1;
+            if this.polls_since_read < READ_EVERY {
+                this.watch.wait_readable(cx);
+                return Poll::Pending;
+            }
         }
+        this.polls_since_read = 0;
         let room = buf.remaining().min(this.scratch.len());
         loop {
             match (&*this.sock).read(&mut this.scratch[..room]) {
@@ -65,11 +76,6 @@ impl AsyncRead for LoopStream {
                     // the operations they finish have not run yet.
                     if n > 0 {
                         this.health.progress_ms.store(now_ms(), Ordering::Release);
-                    }
-                    // A read that did not fill the room took all there was: the next one
-                    // waits for the loop to report more (what came in since is reported).
-                    if n > 0 && n < room {
-                        this.watch.wait_readable(cx);
                     }
                     buf.put_slice(&this.scratch[..n]);
                     return Poll::Ready(Ok(()));
@@ -324,6 +330,7 @@ impl Link {
             sock: sock.clone(),
             health: health.clone(),
             scratch: vec![0; 16 * 1024].into_boxed_slice(),
+            polls_since_read: 0,
         };
         // Timeouts are ours (the watchdog, and the bound below): the crate's would need a
         // Tokio runtime on this thread.
