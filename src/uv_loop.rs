@@ -205,9 +205,6 @@ struct Interest {
     handle: *mut c_void,
     fd: c_int,
     readable: Option<Waker>,
-    /// Cleared by `wait_readable`, set when libuv reports the socket readable: libuv polls
-    /// level-triggered, so bytes left unread are reported again on the next turn.
-    may_read: bool,
     unsent: Vec<u8>,
     /// Whether the socket is in `UNSENT`.
     queued: bool,
@@ -238,7 +235,6 @@ impl Interest {
                 Err(e) => {
                     // The reader finds the broken socket too, and fails what is in flight.
                     self.failed = Some((e.kind(), e.to_string()));
-                    self.may_read = true;
                     sent = self.unsent.len();
                     woke = self.readable.take().map(Waker::wake).is_some();
                 }
@@ -271,19 +267,10 @@ struct UvWatch {
 }
 
 impl SocketWatch for UvWatch {
-    fn may_read(&self) -> bool {
-        // SAFETY: `interest` lives until this watch is dropped, on this thread.
-        unsafe { (*self.interest).may_read }
-    }
-
     fn wait_readable(&mut self, cx: &mut Context<'_>) {
-        // SAFETY: as above.
+        // SAFETY: `interest` lives until this watch is dropped, on this thread.
         let interest = unsafe { &mut *self.interest };
-        interest.may_read = false;
-        match &interest.readable {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => interest.readable = Some(cx.waker().clone()),
-        }
+        interest.readable = Some(cx.waker().clone());
     }
 
     fn send(&mut self, bytes: &[u8], now: bool) -> std::io::Result<()> {
@@ -380,7 +367,6 @@ unsafe fn ready(handle: *mut c_void, status: c_int, events: c_int) {
         (events & UV_READABLE != 0, events & UV_WRITABLE != 0)
     };
     let mut woke = write && interest.write_out();
-    interest.may_read |= read;
     if let Some(w) = interest.readable.take().filter(|_| read) {
         w.wake();
         woke = true;
@@ -430,7 +416,6 @@ impl EventLoop for UvLoop {
                 handle,
                 fd,
                 readable: None,
-                may_read: true,
                 unsent: Vec::new(),
                 queued: false,
                 failed: None,

@@ -14,13 +14,7 @@ use crate::engine::task::LocalFuture;
 
 /// Readiness of one non-blocking socket, reported by the host's event loop.
 pub trait SocketWatch {
-    /// Whether a read may find bytes: true until [`Self::wait_readable`], and again once the
-    /// loop reports the socket readable (or a write fails). A reader asks before it reads:
-    /// a driver polled once per request would otherwise pay a read that finds nothing on
-    /// every poll (four per Redis acquire+release under load).
-    fn may_read(&self) -> bool;
-    /// The socket has nothing more to read for now: wakes `cx`'s waker once, on the engine's
-    /// thread, when it becomes readable, and [`Self::may_read`] is false until then.
+    /// Wakes `cx`'s waker once, on the engine's thread, when the socket becomes readable.
     fn wait_readable(&mut self, cx: &mut Context<'_>);
     /// Queues bytes for the socket. With `now` they are written at once; otherwise before
     /// the loop next waits for events, so the requests of one turn of the loop leave in one

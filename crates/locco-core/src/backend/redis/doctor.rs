@@ -62,7 +62,7 @@ async fn check_cluster(
             .get_multiplexed_async_connection_with_config(&config)
             .await
         {
-            Ok(c) => per_node.push(check_node(inner, Conn::Local(c), options).await),
+            Ok(c) => per_node.push(check_node(inner, Conn::Node(c), options).await),
             Err(e) => last_failure = Some(inner.failure(e)),
         }
     }

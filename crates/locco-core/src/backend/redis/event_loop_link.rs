@@ -1,134 +1,44 @@
 //! A Redis connection whose I/O runs on the engine's thread, driven by the host's event loop
 //! (see [`crate::EventLoop`]): no thread hop between a lock operation and its socket.
 //!
-//! Used for a plain-TCP standalone server. The `redis` crate still does the protocol: its
-//! multiplexed connection runs over [`LoopStream`], and its driver is a task on the engine's
-//! thread. Only the TCP connect goes through the I/O thread (it may resolve a name).
+//! Used for a plain-TCP standalone server. The connection is a [`LoopConn`], whose reader is a
+//! task on the engine's thread. Only the TCP connect goes through the I/O thread (it may
+//! resolve a name).
 
 use std::cell::RefCell;
-use std::io::Read;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures_util::future::{FutureExt, LocalBoxFuture, Shared};
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ConnectionInfo};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use redis::ConnectionInfo;
 
 use crate::backend::io::{self, runtime, Failure};
 use crate::backend::redis::failure::failure_of;
+use crate::backend::redis::loop_conn::LoopConn;
 use crate::engine::error::{BackendErrorKind, Error};
-use crate::engine::event_loop::{EventLoop, LoopActivity, SocketWatch, LOOP_ACTIVITY};
+use crate::engine::event_loop::{EventLoop, LoopActivity, LOOP_ACTIVITY};
 use crate::engine::task::{first, First};
 
-/// A non-blocking socket read on the engine's thread; the host writes what it is sent.
-struct LoopStream {
-    // Declared first so it is dropped first, while the socket is still open.
-    watch: Box<dyn SocketWatch>,
-    sock: Arc<TcpStream>,
-    /// What the watchdog knows: requests in flight, and when the server last sent anything.
-    health: Arc<Health>,
-    /// Where reads land first: the codec hands over uninitialised space, which would
-    /// otherwise be zeroed on every read.
-    scratch: Box<[u8]>,
-    /// Polls since the last read, while the loop reports nothing to read.
-    polls_since_read: u32,
-}
-
-/// See `poll_read`.
-const READ_EVERY: u32 = 8;
-
-// SAFETY: the `redis` crate asks for a `Send` stream because its drivers usually run on a
-// thread pool. This one is created, polled and dropped on the engine's thread only: the
-// connection and its driver never leave it (they are `Rc`-held or run by the host's `spawn`).
-unsafe impl Send for LoopStream {}
-
-impl AsyncRead for LoopStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        // The driver polls its stream whenever it is woken (once per request sent). A read
-        // goes out when the loop saw bytes come in since the last one found none, and
-        // otherwise on every READ_EVERY-th poll only: answers that arrive during a long turn
-        // are still taken in it, which keeps a deep pipeline flowing.
-        if !this.watch.may_read() {
-            this.polls_since_read += 1;
-            if this.polls_since_read < READ_EVERY {
-                this.watch.wait_readable(cx);
-                return Poll::Pending;
-            }
-        }
-        this.polls_since_read = 0;
-        let room = buf.remaining().min(this.scratch.len());
-        loop {
-            match (&*this.sock).read(&mut this.scratch[..room]) {
-                Ok(n) => {
-                    // Answers arriving, however slowly, show the server is alive, even while
-                    // the operations they finish have not run yet.
-                    if n > 0 {
-                        this.health.progress_ms.store(now_ms(), Ordering::Release);
-                    }
-                    buf.put_slice(&this.scratch[..n]);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    this.watch.wait_readable(cx);
-                    return Poll::Pending;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-    }
-}
-
-impl AsyncWrite for LoopStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        // A lone request leaves at once (a sequential caller waits for nothing else); with
-        // others in flight it joins this turn's write, and their answers are on the way.
-        let this = self.get_mut();
-        let now = this.health.in_flight.load(Ordering::Acquire) <= 1;
-        Poll::Ready(this.watch.send(buf, now).map(|()| buf.len()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(self.sock.shutdown(std::net::Shutdown::Write))
-    }
-}
-
 /// Milliseconds since a process-wide origin (the watchdog reads it on the I/O thread).
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     LoopActivity::now_ms()
 }
 
 /// What the watchdog on the I/O thread knows of a connection.
-struct Health {
+pub(super) struct Health {
     sock: Arc<TcpStream>,
-    in_flight: AtomicUsize,
+    pub(super) in_flight: AtomicUsize,
     /// Whether an operation has used the connection yet.
     used: AtomicBool,
     /// Whether the watchdog closed the connection for want of an answer.
     timed_out: AtomicBool,
     /// When the connection last received bytes or finished an operation, or got busy after
     /// being idle: answers come in order, so the oldest request written has waited since.
-    progress_ms: AtomicU64,
+    pub(super) progress_ms: AtomicU64,
     ended: AtomicBool,
 }
 
@@ -186,7 +96,7 @@ fn watch_over(health: Arc<Health>, timeout_ms: u64) {
 
 #[derive(Clone)]
 struct Connected {
-    conn: MultiplexedConnection,
+    conn: LoopConn,
     health: Arc<Health>,
 }
 
@@ -211,7 +121,7 @@ pub(crate) struct Link {
 
 /// A connection lent to one operation; it counts as in flight until dropped.
 pub(crate) struct Lent {
-    pub conn: MultiplexedConnection,
+    pub conn: LoopConn,
     health: Arc<Health>,
     _busy: Busy,
 }
@@ -244,15 +154,15 @@ impl Link {
         let attempt = {
             let mut state = self.state.borrow_mut();
             match &*state {
-                // A connection whose driver ended (the server closed it) is not lent: the
+                // A connection whose reader ended (the server closed it) is not lent: the
                 // operation would fail on it for nothing.
                 State::Ready(c) if !c.health.ended.load(Ordering::Acquire) => return Ok(lent(c)),
-                State::Connecting(f) => f.clone(),
                 State::Ready(_) | State::Idle => {
                     let f = self.clone().connect().boxed_local().shared();
                     *state = State::Connecting(f.clone());
                     f
                 }
+                State::Connecting(f) => f.clone(),
             }
         };
         let result = attempt.clone().await;
@@ -299,10 +209,11 @@ impl Link {
         }
     }
 
-    /// Drops the connection; its driver ends once the last request on it is answered.
+    /// Drops the connection; its reader ends once the last request on it is answered.
     pub fn close(&self) {
         if let State::Ready(c) = std::mem::replace(&mut *self.state.borrow_mut(), State::Idle) {
             c.health.end();
+            c.conn.close();
         }
     }
 
@@ -325,36 +236,26 @@ impl Link {
             progress_ms: AtomicU64::new(now_ms()),
             ended: AtomicBool::new(false),
         });
-        let stream = LoopStream {
-            watch,
-            sock: sock.clone(),
-            health: health.clone(),
-            scratch: vec![0; 16 * 1024].into_boxed_slice(),
-            polls_since_read: 0,
-        };
-        // Timeouts are ours (the watchdog, and the bound below): the crate's would need a
-        // Tokio runtime on this thread.
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(None)
-            .set_response_timeout(None);
-        let setup =
-            MultiplexedConnection::new_with_config(self.info.redis_settings(), stream, config);
-        // The handshake (HELLO, AUTH) gets what is left of the connect timeout.
+        let settings = self.info.redis_settings();
+        let (conn, reader) = LoopConn::new(sock.clone(), watch, health.clone(), settings.db());
+        let ended = health.clone();
+        self.host.spawn(Box::pin(async move {
+            reader.await;
+            ended.end();
+        }));
+        // The handshake (AUTH, SELECT) gets what is left of the connect timeout.
         let deadline =
             io::sleep(Duration::from_millis(timeout_ms).saturating_sub(started.elapsed()));
-        let (conn, driver) = match first(setup, deadline).await {
+        let setup = handshake(conn.clone(), settings);
+        match first(setup, deadline).await {
             First::Left(r) => r.map_err(|e| failure_of(&self.secrets, e).into_error())?,
             First::Right(_) => {
+                conn.close();
                 let _ = sock.shutdown(std::net::Shutdown::Both);
                 let message = format!("connecting to Redis did not finish within {timeout_ms} ms");
                 return Err(Failure::new("redis", BackendErrorKind::Timeout, message).into_error());
             }
         };
-        let ended = health.clone();
-        self.host.spawn(Box::pin(async move {
-            driver.await;
-            ended.end();
-        }));
         watch_over(health.clone(), self.command_timeout_ms);
         Ok(Connected { conn, health })
     }
@@ -373,6 +274,44 @@ fn lent(c: &Connected) -> Lent {
         health: c.health.clone(),
         _busy: c.health.busy(),
     }
+}
+
+/// What a new connection sends first: the credentials, then the database. It speaks RESP2,
+/// so no `HELLO`.
+async fn handshake(
+    mut conn: LoopConn,
+    settings: &redis::RedisConnectionInfo,
+) -> Result<(), redis::RedisError> {
+    if let Some(password) = settings.password() {
+        let mut auth = redis::cmd("AUTH");
+        if let Some(user) = settings.username() {
+            auth.arg(user);
+        }
+        let mut answer = auth.arg(password).query_async::<()>(&mut conn).await;
+        // A server before ACLs (Redis 5) takes a password only.
+        if matches!(&answer, Err(e) if e.to_string().contains("wrong number of arguments")) {
+            let mut auth = redis::cmd("AUTH");
+            answer = auth.arg(password).query_async::<()>(&mut conn).await;
+        }
+        if let Err(e) = answer {
+            if e.kind() != redis::ErrorKind::Io {
+                let refused = (
+                    redis::ErrorKind::AuthenticationFailed,
+                    "Password authentication failed",
+                );
+                return Err(refused.into());
+            }
+            return Err(e);
+        }
+    }
+    if settings.db() != 0 {
+        let mut select = redis::cmd("SELECT");
+        select
+            .arg(settings.db())
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    Ok(())
 }
 
 fn io_error(message: String) -> Error {

@@ -21,8 +21,11 @@ use crate::engine::error::{BackendErrorKind, Error};
 mod doctor;
 #[cfg(unix)]
 mod event_loop_link;
+// Only an event-loop link (Unix) makes one.
 mod failure;
 mod gate;
+#[cfg_attr(not(unix), allow(dead_code))]
+mod loop_conn;
 mod pushes;
 
 use failure::failure_of;
@@ -313,9 +316,10 @@ impl RedisOptions {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
-    /// A multiplexed connection of its own: the event-loop link's, on the engine's thread
-    /// (see `event_loop_link`), or the doctor's to one cluster node.
-    Local(MultiplexedConnection),
+    /// A connection on the engine's thread (see `event_loop_link`).
+    Local(loop_conn::LoopConn),
+    /// A connection of its own to one node (the doctor's, node by node).
+    Node(MultiplexedConnection),
 }
 
 impl Conn {
@@ -336,6 +340,7 @@ impl Conn {
             Conn::Single(c) => inv.invoke_async(c).await,
             Conn::Cluster(c) => inv.invoke_async(c).await,
             Conn::Local(c) => inv.invoke_async(c).await,
+            Conn::Node(c) => inv.invoke_async(c).await,
         }
     }
 
@@ -353,6 +358,7 @@ impl Conn {
                     Conn::Single(c) => load.load_async(c).await?,
                     Conn::Cluster(c) => load.load_async(c).await?,
                     Conn::Local(c) => load.load_async(c).await?,
+                    Conn::Node(c) => load.load_async(c).await?,
                 };
                 self.query(cmd).await
             }
@@ -365,6 +371,7 @@ impl Conn {
             Conn::Single(c) => request.send(c).await,
             Conn::Cluster(c) => request.send(c).await,
             Conn::Local(c) => request.send(c).await,
+            Conn::Node(c) => request.send(c).await,
         }
     }
 
@@ -373,6 +380,7 @@ impl Conn {
             Conn::Single(c) => cmd.query_async(c).await,
             Conn::Cluster(c) => cmd.query_async(c).await,
             Conn::Local(c) => cmd.query_async(c).await,
+            Conn::Node(c) => cmd.query_async(c).await,
         }
     }
 }
