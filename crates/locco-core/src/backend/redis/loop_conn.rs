@@ -149,6 +149,15 @@ impl LoopConn {
         }
     }
 
+    /// One command given as its arguments, encoded straight into the request: the hot
+    /// commands (a lock's SET NX PX and the release script) build no `Cmd` on the way.
+    pub fn command<'a>(
+        &'a self,
+        args: &'a [&'a [u8]],
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        OnEngineThread(self.request(|out| encode(out, args), 1))
+    }
+
     /// Writes a request (encoded by `encode`) that `replies` replies answer, and waits for
     /// them: one reply as itself, several as an array.
     async fn request(
@@ -337,7 +346,10 @@ impl State {
             let Some(len) = reply_len(bytes)? else {
                 return Ok(());
             };
-            let reply = redis::parse_redis_value(&bytes[..len]);
+            let reply = match simple_value(&bytes[..len]) {
+                Some(v) => Ok(v),
+                None => redis::parse_redis_value(&bytes[..len]),
+            };
             input.start += len;
             let Some(&at) = self.order.front() else {
                 return Err("Redis sent a reply no request was waiting for".into());
@@ -459,6 +471,41 @@ fn reply_len(bytes: &[u8]) -> Result<Option<usize>, String> {
     }
 }
 
+/// A command as RESP2: an array of bulk strings.
+fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
+    use std::io::Write;
+    let _ = write!(out, "*{}\r\n", args.len());
+    for arg in args {
+        let _ = write!(out, "${}\r\n", arg.len());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// A whole simple reply (`+`, `:`, `$`) as the crate's parser would read it; `None` for the
+/// rest (errors, arrays, anything odd), which the crate's parser then reads. Lock commands
+/// answer simple replies, and the crate's parser costs more than the rest of a reply's way.
+fn simple_value(reply: &[u8]) -> Option<Value> {
+    let line = line_end(reply)?;
+    let body = &reply[1..line];
+    match reply[0] {
+        b'+' if body == b"OK" => Some(Value::Okay),
+        b'+' => std::str::from_utf8(body)
+            .ok()
+            .map(|t| Value::SimpleString(t.to_owned())),
+        b':' => std::str::from_utf8(body).ok()?.parse().ok().map(Value::Int),
+        b'$' => {
+            let n: i64 = std::str::from_utf8(body).ok()?.parse().ok()?;
+            if n < 0 {
+                return Some(Value::Nil);
+            }
+            let data = reply.get(line + 2..line + 2 + n as usize)?;
+            Some(Value::BulkString(data.to_vec()))
+        }
+        _ => None,
+    }
+}
+
 /// The offset of the `\r\n` ending the line at the start of `bytes`.
 fn line_end(bytes: &[u8]) -> Option<usize> {
     let n = bytes.iter().position(|&b| b == b'\r')?;
@@ -510,7 +557,49 @@ impl redis::aio::ConnectionLike for LoopConn {
 
 #[cfg(test)]
 mod tests {
-    use super::reply_len;
+    use super::{encode, reply_len, simple_value};
+    use redis::Value;
+
+    #[test]
+    fn simple_replies_read_as_the_crate_reads_them() {
+        let replies: &[&[u8]] = &[
+            b"+OK\r\n",
+            b"+QUEUED\r\n",
+            b":42\r\n",
+            b":-7\r\n",
+            b"$-1\r\n",
+            b"$3\r\nabc\r\n",
+            b"$0\r\n\r\n",
+            b"$4\r\n\r\n\r\n\r\n",
+        ];
+        for reply in replies {
+            let ours = simple_value(reply).expect("a simple reply");
+            let crate_ = redis::parse_redis_value(reply).expect("the crate reads it");
+            assert_eq!(ours, crate_, "{:?}", String::from_utf8_lossy(reply));
+        }
+        // The crate reads errors and arrays.
+        assert_eq!(simple_value(b"-ERR no\r\n"), None);
+        assert_eq!(simple_value(b"*1\r\n:1\r\n"), None);
+    }
+
+    #[test]
+    fn commands_are_encoded_as_the_crate_encodes_them() {
+        let mut ours = Vec::new();
+        encode(&mut ours, &[b"SET", b"k", b"t\r\n", b"NX", b"PX", b"3000"]);
+        let theirs = redis::cmd("SET")
+            .arg("k")
+            .arg("t\r\n")
+            .arg("NX")
+            .arg("PX")
+            .arg(3000)
+            .get_packed_command();
+        assert_eq!(ours, theirs);
+        assert_eq!(
+            redis::parse_redis_value(b"$-1\r\n").unwrap(),
+            Value::Nil,
+            "the crate's nil"
+        );
+    }
 
     #[test]
     fn reply_lengths_cover_every_resp2_type_and_stop_at_incomplete_input() {

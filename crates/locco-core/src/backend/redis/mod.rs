@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError, Script};
+use redis::{AsyncConnectionConfig, Client, RedisError, Script, Value};
 
 use crate::backend::holder::holder_of;
 use crate::backend::io::{self, redact, runtime, Failure};
@@ -323,12 +323,49 @@ enum Conn {
 }
 
 impl Conn {
+    /// `SET key token NX PX ttl`: whether it set the key.
+    async fn set_nx(&mut self, key: &str, token: &str, ttl: u32) -> Result<bool, RedisError> {
+        if let Conn::Local(c) = self {
+            let ttl = ttl.to_string();
+            let args: [&[u8]; 6] = [
+                b"SET",
+                key.as_bytes(),
+                token.as_bytes(),
+                b"NX",
+                b"PX",
+                ttl.as_bytes(),
+            ];
+            let set: Option<String> = redis::from_redis_value(c.command(&args).await?)?;
+            return Ok(set.is_some());
+        }
+        let set: Option<String> = self.query(&set_nx(key, token, ttl)).await?;
+        Ok(set.is_some())
+    }
+
     async fn script<T: redis::FromRedisValue, K: AsRef<str>>(
         &mut self,
         script: &Script,
         keys: &[K],
         args: &[&str],
     ) -> Result<T, RedisError> {
+        // On the event-loop link EVALSHA is encoded directly; a server that does not know the
+        // script yet answers NOSCRIPT, and the crate's invocation below loads it.
+        if let Conn::Local(c) = self {
+            let numkeys = keys.len().to_string();
+            let mut argv: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
+            argv.extend([
+                &b"EVALSHA"[..],
+                script.get_hash().as_bytes(),
+                numkeys.as_bytes(),
+            ]);
+            argv.extend(keys.iter().map(|k| k.as_ref().as_bytes()));
+            argv.extend(args.iter().map(|a| a.as_bytes()));
+            match c.command(&argv).await.and_then(Value::extract_error) {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {}
+                answer => return Ok(redis::from_redis_value(answer?)?),
+            }
+        }
         let mut inv = script.prepare_invoke();
         keys.iter().for_each(|k| {
             inv.key(k.as_ref());
@@ -973,10 +1010,11 @@ impl Backend for RedisBackend {
         if let Err(e) = self.check_key(key) {
             return Op::ready(Err(e));
         }
-        let cmd = set_nx(key, token, ttl);
+        let (key, token) = (key.to_owned(), token.to_owned());
         self.with_conn(move |inner, mut conn| async move {
-            let set: Option<String> = conn.query(&cmd).await.map_err(|e| inner.failure(e))?;
-            Ok(set.is_some())
+            conn.set_nx(&key, &token, ttl)
+                .await
+                .map_err(|e| inner.failure(e))
         })
     }
 
