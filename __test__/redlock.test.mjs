@@ -184,6 +184,21 @@ describe('RedlockAdapter over 5 servers', () => {
     assert.deepEqual([0, 3, 4].map((i) => valuesOf(key)[i]), ['someone-else', '', '']);
   });
 
+  it('an attempt given up before its request left sends nothing, so no grant lands after its give-back', async () => {
+    // A clock that jumps a whole lease per reading: the attempt is out of time before the
+    // fresh adapter's first connections are up. Its SET must not go out after the release.
+    const sets = () => servers.map((s) => Number(/cmdstat_set:calls=(\d+)/.exec(s.cli('INFO', 'commandstats'))?.[1] ?? 0));
+    const before = sets();
+    const key = freshKey();
+    let t = 0;
+    const locker = lockerOn(redlock(), { now: () => (t += 1000) });
+    const err = await locker.tryAcquire(key, { ttl: 1000 }).catch((e) => e);
+    assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
+    await sleep(500); // the give-back, and anything else still due
+    assert.deepEqual(sets(), before, 'no SET reached a server');
+    assert.deepEqual(valuesOf(key), Array(5).fill(''));
+  });
+
   it('extend needs a majority: a lock that lost its keys on 3 servers is lost', async () => {
     const locker = lockerOn(redlock());
     const key = freshKey();

@@ -364,19 +364,29 @@ impl RedlockBackend {
     /// Sends `op` to every server and counts the votes until the verdict cannot change, each
     /// server bounded by `timeout_ms` (one deadline for the round). The answers still due after
     /// the verdict are left to the host's event loop, under the same deadline (or awaited here
-    /// without one).
+    /// without one). Fails, sending nothing, when `given_up` is set before the requests leave
+    /// (they wait for the first connections): a request sent after the caller gave it up
+    /// would land after the caller's give-back, and leave a grant nobody releases in time.
     fn vote<T: 'static>(
         &self,
         timeout_ms: u64,
         op: impl Fn(&RedisBackend) -> Op<T> + 'static,
         yes: impl Fn(&T) -> bool + 'static,
-    ) -> impl Future<Output = Ballot<T>> + 'static {
+        given_up: Rc<Cell<bool>>,
+    ) -> impl Future<Output = Result<Ballot<T>>> + 'static {
         let labels = self.labels.clone();
         let host = self.host.clone();
         let (gate, this) = (self.opened(), self.clone());
         async move {
             if let Some(gate) = gate {
                 gate.await;
+            }
+            if given_up.get() {
+                return Err(Error::backend(
+                    "redis",
+                    BackendErrorKind::Timeout,
+                    "given up before the Redlock servers were connected; nothing was sent",
+                ));
             }
             let mut slots: Vec<Option<Op<T>>> = this.servers.iter().map(|s| Some(op(s))).collect();
             let mut deadline = this.deadline(timeout_ms);
@@ -426,7 +436,7 @@ impl RedlockBackend {
             if let (Some(host), false) = (host, late.is_empty()) {
                 host.spawn(Box::pin(settle(late, deadline)));
             }
-            ballot
+            Ok(ballot)
         }
     }
 
@@ -519,10 +529,17 @@ impl RedlockBackend {
         let px = server_ttl(ttl);
         let timeout_ms = per_server_timeout(self.server_timeout_ms, Some(ttl));
         let (k, t) = (key.to_owned(), token.to_owned());
-        let ballot = self.vote(timeout_ms, move |s| op(s, &k, &t, px), |granted| *granted);
+        let given_up = Rc::new(Cell::new(false));
+        let ballot = self.vote(
+            timeout_ms,
+            move |s| op(s, &k, &t, px),
+            |granted| *granted,
+            given_up.clone(),
+        );
         let (this, key, token) = (self.clone(), key.to_owned(), token.to_owned());
         Op::pending(async move {
-            let ballot = ballot.await;
+            // Nothing sent, nothing to give back.
+            let ballot = ballot.await?;
             let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
             let words = if give_back {
                 ("granted", "held by another holder")
@@ -550,6 +567,7 @@ impl RedlockBackend {
             }
             answer
         })
+        .with_abandon(move || given_up.set(true))
     }
 
     /// A release or check: a majority's answer, or a failure.
@@ -561,10 +579,10 @@ impl RedlockBackend {
         words: (&'static str, &'static str),
     ) -> Op<bool> {
         let timeout_ms = per_server_timeout(self.server_timeout_ms, None);
-        let ballot = self.vote(timeout_ms, op, |yes| *yes);
+        let ballot = self.vote(timeout_ms, op, |yes| *yes, Rc::default());
         let (this, key) = (self.clone(), key.to_owned());
         Op::pending(async move {
-            let ballot = ballot.await;
+            let ballot = ballot.await?;
             let verdict = this.decide(&format!("{what} of {key:?}"), &ballot, words)?;
             Ok(verdict == Verdict::Yes)
         })
