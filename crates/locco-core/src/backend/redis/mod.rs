@@ -5,6 +5,7 @@
 //! connections and their I/O live on a small Tokio runtime of this crate's own; the engine
 //! waits for answers on its thread through one-shot channels.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -692,13 +693,30 @@ impl RedisBackend {
     where
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
-        self.with_conn_as(Priority::Other, work)
+        self.with_conn_as(Priority::Other, None, work)
+    }
+
+    /// `with_conn` for a grant: one the caller gives up before it has left (it waited for
+    /// room or for the connection) is not sent at all. Sent late, it would land after the
+    /// caller's give-back and leave a grant nobody releases in time.
+    fn grant_with_conn<T: Send + 'static, F>(
+        &self,
+        work: impl FnOnce(Arc<Inner>, Conn) -> F + Send + 'static,
+    ) -> Op<T>
+    where
+        F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+    {
+        let given_up = Arc::new(AtomicBool::new(false));
+        let flag = given_up.clone();
+        self.with_conn_as(Priority::Other, Some(given_up), work)
+            .with_abandon(move || flag.store(true, Ordering::Release))
     }
 
     /// [`Self::with_conn`], waiting in `priority`'s queue while the connection is full.
     fn with_conn_as<T: Send + 'static, F>(
         &self,
         priority: Priority,
+        given_up: Option<Arc<AtomicBool>>,
         work: impl FnOnce(Arc<Inner>, Conn) -> F + Send + 'static,
     ) -> Op<T>
     where
@@ -707,6 +725,7 @@ impl RedisBackend {
         let inner = self.inner.clone();
         let warn = self.warn.clone();
         let gate = self.gate.clone();
+        let given_up = move || given_up.as_ref().is_some_and(|g| g.load(Ordering::Acquire));
         #[cfg(unix)]
         if let Some(link) = self.link.clone() {
             return Op::pending(async move {
@@ -716,11 +735,12 @@ impl RedisBackend {
                 let mut conn = Conn::Local(lent.conn.clone());
                 // Every operation checks until one check has answered, not only the first user
                 // of a connection: an operation must not answer before the warning is known.
-                let unchecked = !inner
-                    .eviction_checked
-                    .load(std::sync::atomic::Ordering::Acquire);
+                let unchecked = !inner.eviction_checked.load(Ordering::Acquire);
                 if lent.first_use() || unchecked {
                     inner.check_eviction(&mut conn).await;
+                }
+                if given_up() {
+                    return Err(not_sent().into_error());
                 }
                 let answer = work(inner.clone(), conn).await;
                 inner.deliver_warning(warn.as_deref());
@@ -733,6 +753,9 @@ impl RedisBackend {
                 let inner = inner.clone();
                 move |_| async move {
                     let conn = inner.conn().await?;
+                    if given_up() {
+                        return Err(not_sent());
+                    }
                     work(inner, conn).await
                 }
             })
@@ -741,6 +764,15 @@ impl RedisBackend {
             answer
         })
     }
+}
+
+/// The failure of an operation given up before it was sent.
+fn not_sent() -> Failure {
+    Failure::new(
+        "redis",
+        BackendErrorKind::Timeout,
+        "given up before it was sent; nothing reached the server",
+    )
 }
 
 impl Inner {
@@ -1011,7 +1043,7 @@ impl Backend for RedisBackend {
             return Op::ready(Err(e));
         }
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.with_conn(move |inner, mut conn| async move {
+        self.grant_with_conn(move |inner, mut conn| async move {
             conn.set_nx(&key, &token, ttl)
                 .await
                 .map_err(|e| inner.failure(e))
@@ -1038,7 +1070,7 @@ impl Backend for RedisBackend {
         let (key, token) = (key.to_owned(), token.to_owned());
         let ttl = ttl.to_string();
         let Some(w) = self.inner.options.wait_for_replicas else {
-            return self.with_conn_as(Priority::Renewal, move |inner, mut conn| async move {
+            return self.with_conn_as(Priority::Renewal, None, move |inner, mut conn| async move {
                 let done: i64 = conn
                     .script(&scripts().extend, &[&key], &[&token, &ttl])
                     .await
@@ -1103,7 +1135,7 @@ impl Backend for RedisBackend {
             })
             .collect();
         let count = renewals.len();
-        let op = self.with_conn_as(Priority::Renewal, move |inner, conn| async move {
+        let op = self.with_conn_as(Priority::Renewal, None, move |inner, conn| async move {
             let sends = calls.into_iter().map(|(index, cmd)| {
                 let mut conn = conn.clone();
                 async move { (index, conn.evalsha::<Vec<u8>>(script, &cmd).await) }
@@ -1433,7 +1465,7 @@ impl RedisBackend {
             false => GrantRequest::script(self.keys(key, fenced), token, ttl, place, lease, fenced),
         };
         let Some(w) = self.inner.options.wait_for_replicas else {
-            return self.with_conn(move |inner, mut conn| async move {
+            return self.grant_with_conn(move |inner, mut conn| async move {
                 let reply = conn.grant(&request).await.map_err(|e| inner.failure(e))?;
                 Ok(answer(reply))
             });
