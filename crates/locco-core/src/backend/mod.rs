@@ -35,6 +35,8 @@ pub(crate) mod waiters;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::engine::error::Result;
@@ -72,6 +74,11 @@ impl<T> Op<T> {
         self
     }
 
+    /// Sets `given_up` when this request is abandoned (see [`GivenUp`]).
+    pub fn given_up_by(self, given_up: GivenUp) -> Self {
+        self.with_abandon(move || given_up.0.store(true, Ordering::Release))
+    }
+
     /// Asks the backend to stop this request as soon as it can, because nobody needs its
     /// answer in time any more. The answer still arrives: a grant that slipped through can
     /// then be given back.
@@ -81,6 +88,19 @@ impl<T> Op<T> {
                 stop();
             }
         }
+    }
+}
+
+/// Whether the caller gave an operation up ([`Op::abandon`], through [`Op::given_up_by`]). A
+/// grant that has not left yet (it waits for a connection or for room on one) checks it just
+/// before it writes and sends nothing: sent late, it would land after the caller's give-back
+/// and leave a grant nobody releases in time.
+#[derive(Clone, Default)]
+pub struct GivenUp(Arc<AtomicBool>);
+
+impl GivenUp {
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
     }
 }
 

@@ -33,7 +33,7 @@ use std::task::Poll;
 use std::time::Instant;
 
 use crate::backend::redis::{RedisBackend, RedisOptions};
-use crate::backend::{Backend, KeyInfo, Op};
+use crate::backend::{Backend, GivenUp, KeyInfo, Op};
 use crate::engine::error::{BackendErrorKind, Error, Result};
 use crate::engine::event_loop::EventLoop;
 use crate::engine::task::{LocalFuture, Spawn};
@@ -365,14 +365,13 @@ impl RedlockBackend {
     /// server bounded by `timeout_ms` (one deadline for the round). The answers still due after
     /// the verdict are left to the host's event loop, under the same deadline (or awaited here
     /// without one). Fails, sending nothing, when `given_up` is set before the requests leave
-    /// (they wait for the first connections): a request sent after the caller gave it up
-    /// would land after the caller's give-back, and leave a grant nobody releases in time.
+    /// (they wait for the first connections; see [`GivenUp`]).
     fn vote<T: 'static>(
         &self,
         timeout_ms: u64,
         op: impl Fn(&RedisBackend) -> Op<T> + 'static,
         yes: impl Fn(&T) -> bool + 'static,
-        given_up: Rc<Cell<bool>>,
+        given_up: Option<GivenUp>,
     ) -> impl Future<Output = Result<Ballot<T>>> + 'static {
         let labels = self.labels.clone();
         let host = self.host.clone();
@@ -381,7 +380,7 @@ impl RedlockBackend {
             if let Some(gate) = gate {
                 gate.await;
             }
-            if given_up.get() {
+            if given_up.as_ref().is_some_and(GivenUp::get) {
                 return Err(Error::backend(
                     "redis",
                     BackendErrorKind::Timeout,
@@ -529,12 +528,12 @@ impl RedlockBackend {
         let px = server_ttl(ttl);
         let timeout_ms = per_server_timeout(self.server_timeout_ms, Some(ttl));
         let (k, t) = (key.to_owned(), token.to_owned());
-        let given_up = Rc::new(Cell::new(false));
+        let given_up = GivenUp::default();
         let ballot = self.vote(
             timeout_ms,
             move |s| op(s, &k, &t, px),
             |granted| *granted,
-            given_up.clone(),
+            Some(given_up.clone()),
         );
         let (this, key, token) = (self.clone(), key.to_owned(), token.to_owned());
         Op::pending(async move {
@@ -567,7 +566,7 @@ impl RedlockBackend {
             }
             answer
         })
-        .with_abandon(move || given_up.set(true))
+        .given_up_by(given_up)
     }
 
     /// A release or check: a majority's answer, or a failure.
@@ -579,7 +578,7 @@ impl RedlockBackend {
         words: (&'static str, &'static str),
     ) -> Op<bool> {
         let timeout_ms = per_server_timeout(self.server_timeout_ms, None);
-        let ballot = self.vote(timeout_ms, op, |yes| *yes, Rc::default());
+        let ballot = self.vote(timeout_ms, op, |yes| *yes, None);
         let (this, key) = (self.clone(), key.to_owned());
         Op::pending(async move {
             let ballot = ballot.await?;

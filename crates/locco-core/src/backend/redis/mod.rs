@@ -5,7 +5,7 @@
 //! connections and their I/O live on a small Tokio runtime of this crate's own; the engine
 //! waits for answers on its thread through one-shot channels.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use redis::{AsyncConnectionConfig, Client, RedisError, Script, Value};
 
 use crate::backend::holder::holder_of;
 use crate::backend::io::{self, redact, runtime, Failure};
-use crate::backend::{extend_each, Backend, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
+use crate::backend::{extend_each, Backend, GivenUp, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
 use crate::engine::error::{BackendErrorKind, Error};
 
 mod doctor;
@@ -696,9 +696,8 @@ impl RedisBackend {
         self.with_conn_as(Priority::Other, None, work)
     }
 
-    /// `with_conn` for a grant: one the caller gives up before it has left (it waited for
-    /// room or for the connection) is not sent at all. Sent late, it would land after the
-    /// caller's give-back and leave a grant nobody releases in time.
+    /// `with_conn` for a grant: one the caller gives up before it has left is not sent (see
+    /// [`GivenUp`]).
     fn grant_with_conn<T: Send + 'static, F>(
         &self,
         work: impl FnOnce(Arc<Inner>, Conn) -> F + Send + 'static,
@@ -706,17 +705,16 @@ impl RedisBackend {
     where
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
-        let given_up = Arc::new(AtomicBool::new(false));
-        let flag = given_up.clone();
-        self.with_conn_as(Priority::Other, Some(given_up), work)
-            .with_abandon(move || flag.store(true, Ordering::Release))
+        let given_up = GivenUp::default();
+        self.with_conn_as(Priority::Other, Some(given_up.clone()), work)
+            .given_up_by(given_up)
     }
 
     /// [`Self::with_conn`], waiting in `priority`'s queue while the connection is full.
     fn with_conn_as<T: Send + 'static, F>(
         &self,
         priority: Priority,
-        given_up: Option<Arc<AtomicBool>>,
+        given_up: Option<GivenUp>,
         work: impl FnOnce(Arc<Inner>, Conn) -> F + Send + 'static,
     ) -> Op<T>
     where
@@ -725,7 +723,7 @@ impl RedisBackend {
         let inner = self.inner.clone();
         let warn = self.warn.clone();
         let gate = self.gate.clone();
-        let given_up = move || given_up.as_ref().is_some_and(|g| g.load(Ordering::Acquire));
+        let given_up = move || given_up.as_ref().is_some_and(GivenUp::get);
         #[cfg(unix)]
         if let Some(link) = self.link.clone() {
             return Op::pending(async move {
