@@ -27,7 +27,22 @@ async function open() {
   if (backend === 'redis') {
     const server = await startRedis();
     const { RedisAdapter } = await import('../redis.mjs');
-    return { adapter: new RedisAdapter({ url: server.url }), pid: server.pid, dispose: () => server.dispose() };
+    // The server's own count of the renewal scripts and the keys they extended (PEXPIRE calls).
+    const renewals = () => {
+      const stats = server.cli('INFO', 'commandstats');
+      const stat = (name) => {
+        const m = new RegExp(`cmdstat_${name}:calls=(\\d+),usec=(\\d+)`).exec(stats);
+        return m ? { calls: Number(m[1]), usec: Number(m[2]) } : { calls: 0, usec: 0 };
+      };
+      return { scripts: stat('evalsha'), keys: stat('pexpire').calls };
+    };
+    return {
+      adapter: new RedisAdapter({ url: server.url }),
+      pid: server.pid,
+      resetStats: () => server.cli('CONFIG', 'RESETSTAT'),
+      renewals,
+      dispose: () => server.dispose(),
+    };
   }
   if (backend === 'postgres') {
     const server = await startPostgres();
@@ -42,7 +57,7 @@ async function open() {
   throw new Error(`unknown backend ${backend}: redis, postgres, mongo or memory`);
 }
 
-const { adapter, pid, dispose } = await open();
+const { adapter, pid, dispose, resetStats, renewals } = await open();
 // A failure (an acquisition the server did not answer in time) still stops the server.
 try {
   const locker = new Locker({ adapter, retry: { retries: 0 } });
@@ -61,6 +76,7 @@ try {
   const acquireS = (performance.now() - t0) / 1000;
   globalThis.gc?.();
   const cpu0 = process.cpuUsage();
+  resetStats?.();
   const server0 = pid ? cpuSeconds(pid) : 0;
   const h0 = performance.now();
   let rssPeak = process.memoryUsage().rss;
@@ -71,6 +87,7 @@ try {
   const cpu = process.cpuUsage(cpu0);
   const nodeCpu = (cpu.user + cpu.system) / 1e6 / wall;
   const serverCpu = pid ? (cpuSeconds(pid) - server0) / wall : undefined;
+  const renewed = renewals?.();
   const lost = locks.filter((l) => l.state !== 'held').length;
   const perLock = (rssPeak - rssBefore) / COUNT;
   const pct = (x) => `${(x * 100).toFixed(1)} %`;
@@ -80,7 +97,14 @@ try {
       (serverCpu === undefined ? '' : `, server CPU ${pct(serverCpu)}`) +
       `; RSS ${(rssPeak / 2 ** 20).toFixed(0)} MB (${Math.round(perLock)} B per lock); lost ${lost}`,
   );
-  console.log(JSON.stringify({ backend, count: COUNT, ttl: TTL, holdS: HOLD_S, acquireS, nodeCpu, serverCpu, rssPeak, perLock, lost }));
+  if (renewed) {
+    const { scripts, keys } = renewed;
+    console.log(
+      `  renewals: ${Math.round(keys / wall).toLocaleString('en-US')} keys/s in ${Math.round(scripts.calls / wall)} script calls/s ` +
+        `(${Math.round(keys / Math.max(scripts.calls, 1))} keys per call), ${(scripts.usec / Math.max(keys, 1)).toFixed(2)} µs of script time per key`,
+    );
+  }
+  console.log(JSON.stringify({ backend, count: COUNT, ttl: TTL, holdS: HOLD_S, acquireS, nodeCpu, serverCpu, rssPeak, perLock, lost, renewed }));
   let i = 0;
   await Promise.all(
     Array.from({ length: IN_FLIGHT }, async () => {
