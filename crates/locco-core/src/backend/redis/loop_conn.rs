@@ -473,10 +473,15 @@ fn reply_len(bytes: &[u8]) -> Result<Option<usize>, String> {
 
 /// A command as RESP2: an array of bulk strings.
 fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
-    use std::io::Write;
-    let _ = write!(out, "*{}\r\n", args.len());
+    // Lengths through `itoa`: `write!` cost a tenth of the encoding's time.
+    let mut digits = itoa::Buffer::new();
+    out.push(b'*');
+    out.extend_from_slice(digits.format(args.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
     for arg in args {
-        let _ = write!(out, "${}\r\n", arg.len());
+        out.push(b'$');
+        out.extend_from_slice(digits.format(arg.len()).as_bytes());
+        out.extend_from_slice(b"\r\n");
         out.extend_from_slice(arg);
         out.extend_from_slice(b"\r\n");
     }
@@ -594,6 +599,17 @@ mod tests {
             .arg(3000)
             .get_packed_command();
         assert_eq!(ours, theirs);
+        // Counts and lengths of more than one digit, and an empty argument.
+        let long = vec![b'x'; 12_345];
+        let mut args: Vec<&[u8]> = vec![b"EVALSHA", b"", &long];
+        args.extend(std::iter::repeat_n(&b"k"[..], 10));
+        let mut ours = Vec::new();
+        encode(&mut ours, &args);
+        let mut theirs = redis::cmd("EVALSHA");
+        args[1..].iter().for_each(|a| {
+            theirs.arg(*a);
+        });
+        assert_eq!(ours, theirs.get_packed_command());
         assert_eq!(
             redis::parse_redis_value(b"$-1\r\n").unwrap(),
             Value::Nil,

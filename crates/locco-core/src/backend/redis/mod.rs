@@ -327,17 +327,20 @@ impl Conn {
     /// `SET key token NX PX ttl`: whether it set the key.
     async fn set_nx(&mut self, key: &str, token: &str, ttl: u32) -> Result<bool, RedisError> {
         if let Conn::Local(c) = self {
-            let ttl = ttl.to_string();
+            let mut ttl_digits = itoa::Buffer::new();
             let args: [&[u8]; 6] = [
                 b"SET",
                 key.as_bytes(),
                 token.as_bytes(),
                 b"NX",
                 b"PX",
-                ttl.as_bytes(),
+                ttl_digits.format(ttl).as_bytes(),
             ];
-            let set: Option<String> = redis::from_redis_value(c.command(&args).await?)?;
-            return Ok(set.is_some());
+            return Ok(match c.command(&args).await? {
+                Value::Okay => true,
+                Value::Nil => false,
+                other => redis::from_redis_value::<Option<String>>(other)?.is_some(),
+            });
         }
         let set: Option<String> = self.query(&set_nx(key, token, ttl)).await?;
         Ok(set.is_some())
