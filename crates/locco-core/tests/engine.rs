@@ -1484,7 +1484,9 @@ fn a_slow_holder_read_does_not_hold_the_error_back_by_more_than_250_ms() {
     };
     let started = h.clock.now();
     let (locker, clock) = (h.locker.clone(), h.clock.clone());
-    let outcome: Rc<RefCell<Option<(f64, Option<String>)>>> = Rc::default();
+    // When the acquisition ended, and how (an error's text).
+    type Outcome = Option<(f64, Option<String>)>;
+    let outcome: Rc<RefCell<Outcome>> = Rc::default();
     let seen = outcome.clone();
     h.pool
         .spawner()

@@ -1037,85 +1037,6 @@ impl Backend for EtcdBackend {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn field_of(options: EtcdOptions) -> Option<String> {
-        match EtcdBackend::new(options) {
-            Err(Error::Validation { field, .. }) => Some(field),
-            Err(e) => panic!("not a validation error: {e}"),
-            Ok(_) => None,
-        }
-    }
-
-    #[test]
-    fn refuses_bad_options_naming_the_field() {
-        let ok = || EtcdOptions::new(vec!["127.0.0.1:2379".into()]);
-        assert_eq!(field_of(ok()), None);
-        assert_eq!(
-            field_of(EtcdOptions::new(vec![])).as_deref(),
-            Some("endpoints")
-        );
-        for bad in ["127.0.0.1", "http://h:0", "h:port", "http://h:2379/x", ""] {
-            assert_eq!(
-                field_of(EtcdOptions::new(vec![bad.into()])).as_deref(),
-                Some("endpoints"),
-                "{bad}"
-            );
-        }
-        assert_eq!(
-            field_of(EtcdOptions::new(vec!["https://h:2379".into()])).as_deref(),
-            Some("tls.ca")
-        );
-        assert_eq!(
-            field_of(EtcdOptions {
-                session_ttl_s: 1,
-                ..ok()
-            })
-            .as_deref(),
-            Some("sessionTtl")
-        );
-        assert_eq!(
-            field_of(EtcdOptions {
-                username: Some("u".into()),
-                ..ok()
-            })
-            .as_deref(),
-            Some("auth")
-        );
-        assert_eq!(
-            field_of(EtcdOptions {
-                prefix: String::new(),
-                ..ok()
-            })
-            .as_deref(),
-            Some("prefix")
-        );
-    }
-
-    #[test]
-    fn a_failed_connection_is_a_request_that_never_left() {
-        let refused =
-            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("tcp connect error"));
-        assert!(not_sent(&refused));
-        let no_leader =
-            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: no leader"));
-        assert!(
-            !not_sent(&no_leader),
-            "a member without a leader saw the request"
-        );
-        let f = failure_of(
-            &["hunter2-pw".into()],
-            etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(
-                "etcdserver: authentication failed, invalid user ID or password hunter2-pw",
-            )),
-        );
-        assert_eq!(f.kind, BackendErrorKind::Auth);
-        assert!(!f.message.contains("hunter2-pw"));
-    }
-}
-
 // ## The fair queue
 //
 // A key's queue is a range of place keys, `<prefix>\x01q/<key>\x00<waiter>`, each attached to
@@ -1368,5 +1289,84 @@ impl Queue for EtcdBackend {
 
     fn wakeups(&self, key: &str, _waiter: &str) -> Box<dyn Waiter> {
         self.watch_deletes(key, true, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(options: EtcdOptions) -> Option<String> {
+        match EtcdBackend::new(options) {
+            Err(Error::Validation { field, .. }) => Some(field),
+            Err(e) => panic!("not a validation error: {e}"),
+            Ok(_) => None,
+        }
+    }
+
+    #[test]
+    fn refuses_bad_options_naming_the_field() {
+        let ok = || EtcdOptions::new(vec!["127.0.0.1:2379".into()]);
+        assert_eq!(field_of(ok()), None);
+        assert_eq!(
+            field_of(EtcdOptions::new(vec![])).as_deref(),
+            Some("endpoints")
+        );
+        for bad in ["127.0.0.1", "http://h:0", "h:port", "http://h:2379/x", ""] {
+            assert_eq!(
+                field_of(EtcdOptions::new(vec![bad.into()])).as_deref(),
+                Some("endpoints"),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            field_of(EtcdOptions::new(vec!["https://h:2379".into()])).as_deref(),
+            Some("tls.ca")
+        );
+        assert_eq!(
+            field_of(EtcdOptions {
+                session_ttl_s: 1,
+                ..ok()
+            })
+            .as_deref(),
+            Some("sessionTtl")
+        );
+        assert_eq!(
+            field_of(EtcdOptions {
+                username: Some("u".into()),
+                ..ok()
+            })
+            .as_deref(),
+            Some("auth")
+        );
+        assert_eq!(
+            field_of(EtcdOptions {
+                prefix: String::new(),
+                ..ok()
+            })
+            .as_deref(),
+            Some("prefix")
+        );
+    }
+
+    #[test]
+    fn a_failed_connection_is_a_request_that_never_left() {
+        let refused =
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("tcp connect error"));
+        assert!(not_sent(&refused));
+        let no_leader =
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: no leader"));
+        assert!(
+            !not_sent(&no_leader),
+            "a member without a leader saw the request"
+        );
+        let f = failure_of(
+            &["hunter2-pw".into()],
+            etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(
+                "etcdserver: authentication failed, invalid user ID or password hunter2-pw",
+            )),
+        );
+        assert_eq!(f.kind, BackendErrorKind::Auth);
+        assert!(!f.message.contains("hunter2-pw"));
     }
 }
