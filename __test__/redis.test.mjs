@@ -312,6 +312,26 @@ describe('RedisAdapter waitForReplicas', () => {
     assert.equal(await lock.release(), true);
   });
 
+  it('an attempt given up before its connection was up sends nothing, so no grant lands after its give-back', async () => {
+    // As without waitForReplicas (see above), on the path that waits for the replica: a clock
+    // that jumps a whole lease per reading puts the attempt out of time while the fresh adapter
+    // still connects, and its write must not go out after the release.
+    const sets = () => Number(/cmdstat_set:calls=(\d+)/.exec(primary.cli('INFO', 'commandstats'))?.[1] ?? 0);
+    for (const fencing of [false, true]) {
+      const key = `wait-given-up-${fencing}`;
+      const before = sets();
+      let t = 0;
+      const adapter = new RedisAdapter({ url: primary.url, waitForReplicas: { replicas: 1, timeout: 1000 } });
+      const locker = new Locker({ adapter, fencing, now: () => (t += 1000) });
+      const err = await locker.tryAcquire(key, { ttl: 1000 }).catch((e) => e);
+      assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
+      await sleep(300); // the give-back, and anything else still due
+      assert.equal(sets(), before, `fencing ${fencing}: no SET reached the server`);
+      assert.equal(primary.cli('EXISTS', key, `{${key}}:locco-fence`), '0', `fencing ${fencing}`);
+      await adapter.close();
+    }
+  });
+
   it('a WAIT in progress holds up no other lock', async () => {
     const adapter = new RedisAdapter({ url: primary.url, waitForReplicas: { replicas: 1, timeout: 2000 } });
     const locker = new Locker({ adapter });

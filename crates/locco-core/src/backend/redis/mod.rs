@@ -939,11 +939,18 @@ impl Inner {
     async fn write_and_wait<T: redis::FromRedisValue>(
         self: &Arc<Self>,
         w: WaitForReplicas,
+        given_up: Option<&GivenUp>,
         write: impl FnOnce(
             &mut MultiplexedConnection,
         ) -> futures_util::future::BoxFuture<'_, Result<T, RedisError>>,
     ) -> Result<(T, u32), Failure> {
         let mut conn = self.replicated_conn().await?;
+        if given_up.is_some_and(GivenUp::get) {
+            if let Ok(mut pool) = self.replicated.lock() {
+                pool.push(conn);
+            }
+            return Err(not_sent());
+        }
         let answer = write(&mut conn).await.map_err(|e| self.failure(e))?;
         let mut wait = redis::cmd("WAIT");
         wait.arg(w.replicas).arg(w.timeout_ms);
@@ -1081,7 +1088,7 @@ impl Backend for RedisBackend {
         };
         self.run(move |inner| async move {
             let (done, acked) = inner
-                .write_and_wait(w, |c| {
+                .write_and_wait(w, None, |c| {
                     Box::pin(async move {
                         let mut inv = scripts().extend.prepare_invoke();
                         inv.key(&key).arg(&token).arg(&ttl);
@@ -1472,9 +1479,14 @@ impl RedisBackend {
             });
         };
         let (lock, token) = (key.to_owned(), token.to_owned());
+        // Given up while the replicated connection was still being made: not sent.
+        let given_up = GivenUp::default();
+        let check = given_up.clone();
         self.run(move |inner| async move {
             let (reply, acked) = inner
-                .write_and_wait(w, |c| Box::pin(async move { request.send(c).await }))
+                .write_and_wait(w, Some(&check), |c| {
+                    Box::pin(async move { request.send(c).await })
+                })
                 .await?;
             if reply.0 == 1 && acked < w.replicas {
                 inner.give_back(&lock, &token).await;
@@ -1482,6 +1494,7 @@ impl RedisBackend {
             }
             Ok(answer(reply))
         })
+        .given_up_by(given_up)
     }
 }
 
