@@ -84,7 +84,7 @@ pub(crate) struct AbandonState {
     cancel: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
-// Only the Postgres backend cancels statements; the others have nothing to stop.
+// Only the Postgres backend cancels statements (`set`, `clear`); the others have nothing to stop.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl OnAbandon {
     /// Registers the canceller; runs it at once when the operation was already abandoned.
@@ -178,6 +178,17 @@ where
     let trigger_abandon = abandon.clone();
     let fut = std::panic::AssertUnwindSafe(work(abandon.clone())).catch_unwind();
     let task = async move {
+        // Given up before it started (it waited for room in its lane, or behind other work on
+        // the I/O thread): not sent. Only grants are given up, and one sent this late would
+        // land after the engine's release of its token.
+        if trigger_abandon.is_abandoned() {
+            let _ = tx.send(Err(Failure::new(
+                backend,
+                BackendErrorKind::Timeout,
+                "given up before it was sent; nothing reached the server",
+            )));
+            return;
+        }
         let mut fut = std::pin::pin!(fut);
         let answer = tokio::select! {
             answer = &mut fut => answer,
@@ -292,7 +303,44 @@ fn replace_word(message: &str, word: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn a_request_given_up_while_its_lane_is_full_never_starts() {
+        let lane = Lane::default();
+        // Every place taken by requests that wait for a signal.
+        let (open, opened) = tokio::sync::watch::channel(false);
+        let busy: Vec<Op<()>> = (0..LANE_WIDTH)
+            .map(|_| {
+                let mut opened = opened.clone();
+                run_in(&lane, "test", move |_| async move {
+                    let _ = opened.wait_for(|o| *o).await;
+                    Ok(())
+                })
+            })
+            .collect();
+        let started = Arc::new(AtomicBool::new(false));
+        let seen = started.clone();
+        let mut late = run_in(&lane, "test", move |_| async move {
+            seen.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+        // Polled once, it waits for a place; then the engine gives it up.
+        assert!((&mut late).now_or_never().is_none());
+        late.abandon();
+        let _ = open.send(true);
+        let here = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        here.block_on(futures_util::future::join_all(busy));
+        let answer = here.block_on(late);
+        assert!(!started.load(Ordering::SeqCst), "the request ran");
+        match answer {
+            Err(Error::Backend { kind, .. }) => assert_eq!(kind, BackendErrorKind::Timeout),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
 
     #[test]
     fn redacts_long_secrets_everywhere_and_short_ones_as_words() {
