@@ -66,10 +66,18 @@ impl<T> Op<T> {
         matches!(self, Op::Ready(Some(_)))
     }
 
-    /// Registers how to stop this request early (a cancel request to the server).
+    /// Registers how to stop this request early (a cancel request to the server). A second
+    /// registration runs after the first, not instead of it: an I/O-thread request's own stop
+    /// (see `io::run`) must still run when a backend adds a [`GivenUp`] on top.
     pub fn with_abandon(mut self, stop: impl FnOnce() + 'static) -> Self {
         if let Op::Pending(_, slot) = &mut self {
-            *slot = Some(Box::new(stop));
+            *slot = Some(match slot.take() {
+                None => Box::new(stop),
+                Some(first) => Box::new(move || {
+                    first();
+                    stop();
+                }),
+            });
         }
         self
     }
@@ -272,4 +280,22 @@ pub trait Coordination {
     fn get(&self, key: &str) -> Op<Option<String>>;
     /// Removes `key`.
     fn delete(&self, key: &str) -> Op<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn abandoning_runs_every_registered_stop_in_order() {
+        let given_up = GivenUp::default();
+        let order = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let first = order.clone();
+        let mut op = Op::<()>::pending(std::future::pending())
+            .with_abandon(move || first.borrow_mut().push("first"))
+            .given_up_by(given_up.clone());
+        op.abandon();
+        assert_eq!(*order.borrow(), ["first"]);
+        assert!(given_up.get());
+    }
 }

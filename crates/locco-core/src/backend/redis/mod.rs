@@ -934,6 +934,13 @@ impl Inner {
             .map_err(|e| self.failure(e))
     }
 
+    /// Gives a connection of [`Self::replicated_conn`] back for the next write.
+    fn reuse_replicated(&self, conn: MultiplexedConnection) {
+        if let Ok(mut pool) = self.replicated.lock() {
+            pool.push(conn);
+        }
+    }
+
     /// Runs `write` on a connection of its own, then WAIT on that same connection; fewer
     /// acknowledgements than asked is a replication failure.
     async fn write_and_wait<T: redis::FromRedisValue>(
@@ -946,9 +953,7 @@ impl Inner {
     ) -> Result<(T, u32), Failure> {
         let mut conn = self.replicated_conn().await?;
         if given_up.is_some_and(GivenUp::get) {
-            if let Ok(mut pool) = self.replicated.lock() {
-                pool.push(conn);
-            }
+            self.reuse_replicated(conn);
             return Err(not_sent());
         }
         let answer = write(&mut conn).await.map_err(|e| self.failure(e))?;
@@ -958,9 +963,7 @@ impl Inner {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.failure(e))?;
-        if let Ok(mut pool) = self.replicated.lock() {
-            pool.push(conn);
-        }
+        self.reuse_replicated(conn);
         Ok((answer, acked.max(0) as u32))
     }
 
