@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { BackendError, Locker, ValidationError } from 'locco-rs';
 import { EtcdAdapter } from 'locco-rs/etcd';
-import { makeTestCertificates, startEtcd, startEtcdCluster } from './support/servers.mjs';
+import { delayingProxy, makeTestCertificates, startEtcd, startEtcdCluster } from './support/servers.mjs';
 import { heldThroughFlood, sleep, until } from './support/adapters.mjs';
 
 const b64 = (s) => Buffer.from(s).toString('base64');
@@ -267,6 +267,26 @@ describe('EtcdAdapter session lease', () => {
     etcd = await startEtcd();
   });
   after(() => etcd.dispose());
+
+  it('an attempt given up while its adapter still connects sends nothing, so no grant lands after its give-back', async () => {
+    // The first connection takes 1.5 s, the lease 1 s: the engine gives the attempt up while
+    // the session is still being opened. Any grant that went out after that would move the
+    // store's revision (its put, then the give-back's delete); a lease grant does not.
+    const revision = async () => (await etcd.call(etcd.members[0], 'kv/range', { key: b64('x'), count_only: true })).header.revision;
+    const proxy = await delayingProxy(Number(etcd.endpoint.split(':').pop()), 1500);
+    try {
+      await using adapter = new EtcdAdapter({ endpoints: [`127.0.0.1:${proxy.port}`], prefix: 'late/' });
+      const before = await revision();
+      const locker = new Locker({ adapter, retry: { retries: 0 } });
+      const err = await locker.tryAcquire('k', { ttl: 1000 }).catch((e) => e);
+      assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
+      await sleep(2500); // the connection, the give-back, and anything else still due
+      assert.equal(await revision(), before, 'no write reached the server');
+      assert.equal(await readKey(etcd, etcd.members[0], 'late/k'), null);
+    } finally {
+      await proxy.close();
+    }
+  });
 
   it('marks every lock lost with reason session when its lease is revoked', async () => {
     await using adapter = new EtcdAdapter({ endpoints: [etcd.endpoint], sessionTtl: 3000, prefix: 'revoke/' });

@@ -1,9 +1,10 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { MongoClient } from 'mongodb';
-import { Locker, ValidationError } from 'locco-rs';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { BackendError, Locker, ValidationError } from 'locco-rs';
 import { MongoAdapter, mongoLocksIndexes } from 'locco-rs/mongo';
-import { freePort, startMongo } from './support/servers.mjs';
+import { delayingProxy, freePort, startMongo } from './support/servers.mjs';
 import { heldThroughFlood } from './support/adapters.mjs';
 
 describe('MongoAdapter', () => {
@@ -43,6 +44,27 @@ describe('MongoAdapter', () => {
       t.diagnostic(`flood, 8000 in flight, took ${seconds.toFixed(1)} s`);
     } finally {
       await adapter.close();
+    }
+  });
+
+  it('an attempt given up while its adapter still connects sends nothing, so no grant lands after its give-back', async () => {
+    // The first connection takes 1.5 s, the lease 1 s: the engine gives the attempt up while
+    // the driver still connects. A fenced grant that went out after that would leave its
+    // fencing counter behind, which the give-back does not remove.
+    const proxy = await delayingProxy(Number(new URL(mongo.url).port), 1500);
+    const url = mongo.url.replace(`:${new URL(mongo.url).port}/`, `:${proxy.port}/`);
+    const adapter = new MongoAdapter({ url, dbName: 'given_up' });
+    try {
+      const locker = new Locker({ adapter, fencing: true, retry: { retries: 0 } });
+      const err = await locker.tryAcquire('late', { ttl: 1000 }).catch((e) => e);
+      assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
+      await sleep(2500); // the connection, the give-back, and anything else still due
+      const db = client.db('given_up');
+      assert.equal(await db.collection('locco-locks-fences').findOne({ _id: 'late' }), null, 'no fencing token was counted');
+      assert.equal(await db.collection('locco-locks').findOne({ key: 'late' }), null);
+    } finally {
+      await adapter.close();
+      await proxy.close();
     }
   });
 

@@ -1,7 +1,7 @@
 // Test servers on free loopback ports, in temporary directories, stopped afterwards.
 import { spawn, execFileSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { connect, createServer } from 'node:net';
 import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -18,6 +18,38 @@ export function freePort() {
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * A loopback TCP proxy to `port` that holds each new connection `delay` ms before it connects
+ * through: a slow network for a client's first connection. Returns { port, close }.
+ */
+export async function delayingProxy(port, delay) {
+  const sockets = new Set();
+  const server = createServer((client) => {
+    sockets.add(client);
+    client.on('close', () => sockets.delete(client));
+    client.on('error', () => {});
+    client.pause();
+    setTimeout(() => {
+      if (client.destroyed) return;
+      const upstream = connect(port, '127.0.0.1');
+      sockets.add(upstream);
+      upstream.on('error', () => client.destroy());
+      upstream.on('close', () => client.destroy());
+      client.on('close', () => upstream.destroy());
+      client.pipe(upstream).pipe(client);
+      client.resume();
+    }, delay);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    port: server.address().port,
+    close: () => {
+      for (const s of sockets) s.destroy();
+      return new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
 
 /**
  * Whether process `pid` has a socket listening on TCP `port` (Linux: the listening sockets in

@@ -313,12 +313,16 @@ impl EtcdBackend {
         });
     }
 
-    fn run<T: Send + 'static, F>(&self, work: impl FnOnce(Arc<Inner>) -> F) -> Op<T>
+    /// `work` on the I/O thread, in this backend's lane; a grant checks the [`io::OnAbandon`]
+    /// before it sends (see [`io::OnAbandon::still_wanted`]).
+    fn run<T: Send + 'static, F>(&self, work: impl FnOnce(Arc<Inner>, io::OnAbandon) -> F) -> Op<T>
     where
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
         let inner = self.inner.clone();
-        io::run_in(&self.inner.lane, "etcd", move |_| work(inner))
+        io::run_in(&self.inner.lane, "etcd", move |abandon| {
+            work(inner, abandon)
+        })
     }
 }
 
@@ -552,12 +556,14 @@ impl Inner {
             .succeeded())
     }
 
-    /// The grant: the revision that created the key, or `None` when it is held.
+    /// The grant: the revision that created the key, or `None` when it is held. Not sent
+    /// when the engine gave it up while the session was being opened.
     async fn grant(
         self: &Arc<Self>,
         key: &str,
         token: &str,
         ttl: u32,
+        abandon: &io::OnAbandon,
     ) -> Result<Option<u64>, Failure> {
         let start = Instant::now();
         // A lock of ours whose deadline passed but whose delete has not landed yet.
@@ -574,6 +580,7 @@ impl Inner {
         loop {
             let session = self.session().await?;
             let kv = self.client().await?.kv_client();
+            abandon.still_wanted("etcd")?;
             let k = self.key(key);
             // Free, and nobody waits in the key's queue (a try never takes a promised key).
             let txn = Txn::new()
@@ -918,12 +925,14 @@ impl Backend for EtcdBackend {
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move { Ok(inner.grant(&key, &token, ttl).await?.is_some()) })
+        self.run(move |inner, abandon| async move {
+            Ok(inner.grant(&key, &token, ttl, &abandon).await?.is_some())
+        })
     }
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move {
+        self.run(move |inner, _| async move {
             let was_live = inner.local(&key, &token);
             {
                 let mut released = inner.released.lock().unwrap_or_else(|p| p.into_inner());
@@ -941,7 +950,7 @@ impl Backend for EtcdBackend {
 
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move { inner.extend(&key, &token, ttl).await })
+        self.run(move |inner, _| async move { inner.extend(&key, &token, ttl).await })
     }
 
     /// The gets of every key in one transaction (see [`Inner::extend_many`]); each lock's
@@ -972,7 +981,7 @@ impl Backend for EtcdBackend {
 
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move { inner.is_held(&key, &token).await })
+        self.run(move |inner, _| async move { inner.is_held(&key, &token).await })
     }
 
     fn supports_fencing(&self) -> bool {
@@ -982,7 +991,9 @@ impl Backend for EtcdBackend {
     /// The fence is the key's create revision, taken in the same transaction as the grant.
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move { inner.grant(&key, &token, ttl).await })
+        self.run(
+            move |inner, abandon| async move { inner.grant(&key, &token, ttl, &abandon).await },
+        )
     }
 
     /// A watch on the key: wakes the waiter when another process's lock on it ends (released,
@@ -998,17 +1009,17 @@ impl Backend for EtcdBackend {
 
     fn inspect(&self, key: &str) -> Op<KeyInfo> {
         let key = key.to_owned();
-        self.run(move |inner| async move { inner.inspect(&key).await })
+        self.run(move |inner, _| async move { inner.inspect(&key).await })
     }
 
     fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
         let prefix = prefix.to_owned();
-        self.run(move |inner| async move { inner.list(&prefix, limit).await })
+        self.run(move |inner, _| async move { inner.list(&prefix, limit).await })
     }
 
     fn force_release(&self, key: &str) -> Op<bool> {
         let key = key.to_owned();
-        self.run(move |inner| async move { inner.force_release(&key).await })
+        self.run(move |inner, _| async move { inner.force_release(&key).await })
     }
 
     fn watch_lost(&self, key: &str, token: &str) -> Option<Op<()>> {
@@ -1113,10 +1124,12 @@ impl Inner {
         ttl: u32,
         waiter: &str,
         lease: u32,
+        abandon: &io::OnAbandon,
     ) -> Result<Queued, Failure> {
         let start = Instant::now();
         let session = self.session().await?;
         let kv = self.client().await?.kv_client();
+        abandon.still_wanted("etcd")?;
         let (k, range, place) = (
             self.key(key),
             self.queue_prefix(key),
@@ -1268,9 +1281,9 @@ impl Queue for EtcdBackend {
         fenced: bool,
     ) -> Op<Queued> {
         let (key, token, waiter) = (key.to_owned(), token.to_owned(), waiter.to_owned());
-        self.run(move |inner| async move {
+        self.run(move |inner, abandon| async move {
             let got = inner
-                .acquire_queued(&key, &token, ttl, &waiter, lease)
+                .acquire_queued(&key, &token, ttl, &waiter, lease, &abandon)
                 .await?;
             Ok(match got {
                 Queued::Granted(fence) if !fenced => {
@@ -1284,7 +1297,7 @@ impl Queue for EtcdBackend {
 
     fn leave(&self, key: &str, waiter: &str) -> Op<()> {
         let (key, waiter) = (key.to_owned(), waiter.to_owned());
-        self.run(move |inner| async move { inner.leave_queue(&key, &waiter).await })
+        self.run(move |inner, _| async move { inner.leave_queue(&key, &waiter).await })
     }
 
     fn wakeups(&self, key: &str, _waiter: &str) -> Box<dyn Waiter> {

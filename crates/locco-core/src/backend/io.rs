@@ -85,7 +85,10 @@ pub(crate) struct AbandonState {
 }
 
 // Only the Postgres backend cancels statements (`set`, `clear`); the others have nothing to stop.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mongo", feature = "etcd")),
+    allow(dead_code)
+)]
 impl OnAbandon {
     /// Registers the canceller; runs it at once when the operation was already abandoned.
     pub fn set(&self, f: impl FnOnce() + Send + 'static) {
@@ -105,6 +108,16 @@ impl OnAbandon {
 
     pub fn is_abandoned(&self) -> bool {
         self.0.abandoned.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Err when the engine gave the operation up: for a grant about to be sent after a wait
+    /// of its own (a first connection, a session), which would land after the engine's
+    /// release of its token.
+    pub fn still_wanted(&self, backend: &'static str) -> Result<(), Failure> {
+        match self.is_abandoned() {
+            true => Err(not_sent(backend)),
+            false => Ok(()),
+        }
     }
 
     /// Marks the operation abandoned and cancels what is on the wire. True when a canceller ran.
@@ -181,12 +194,8 @@ where
         // Given up before it started (it waited for room in its lane, or behind other work on
         // the I/O thread): not sent. Only grants are given up, and one sent this late would
         // land after the engine's release of its token.
-        if trigger_abandon.is_abandoned() {
-            let _ = tx.send(Err(Failure::new(
-                backend,
-                BackendErrorKind::Timeout,
-                "given up before it was sent; nothing reached the server",
-            )));
+        if let Err(given_up) = trigger_abandon.still_wanted(backend) {
+            let _ = tx.send(Err(given_up));
             return;
         }
         let mut fut = std::pin::pin!(fut);
@@ -248,6 +257,15 @@ where
     .with_abandon(move || {
         abandon.trigger();
     })
+}
+
+/// The answer to a request given up before anything of it was sent.
+fn not_sent(backend: &'static str) -> Failure {
+    Failure::new(
+        backend,
+        BackendErrorKind::Timeout,
+        "given up before it was sent; nothing reached the server",
+    )
 }
 
 /// `task`, giving its place in a lane back when it ends.

@@ -203,12 +203,16 @@ impl MongoBackend {
         }
     }
 
-    fn run<T: Send + 'static, F>(&self, work: impl FnOnce(Arc<Inner>) -> F) -> Op<T>
+    /// `work` on the I/O thread, in this backend's lane; a grant checks the [`io::OnAbandon`]
+    /// before it sends (see [`io::OnAbandon::still_wanted`]).
+    fn run<T: Send + 'static, F>(&self, work: impl FnOnce(Arc<Inner>, io::OnAbandon) -> F) -> Op<T>
     where
         F: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
     {
         let inner = self.inner.clone();
-        io::run_in(&self.inner.lane, "mongo", move |_| work(inner))
+        io::run_in(&self.inner.lane, "mongo", move |abandon| {
+            work(inner, abandon)
+        })
     }
 }
 
@@ -888,8 +892,9 @@ impl Backend for MongoBackend {
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move {
+        self.run(move |inner, abandon| async move {
             let (locks, _) = inner.collections().await?;
+            abandon.still_wanted("mongo")?;
             Ok(inner
                 .attempt(&locks, &key, &token, ttl, None)
                 .await?
@@ -899,7 +904,7 @@ impl Backend for MongoBackend {
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move {
+        self.run(move |inner, _| async move {
             let (locks, _) = inner.collections().await?;
             inner.release(&locks, &key, &token).await
         })
@@ -907,7 +912,7 @@ impl Backend for MongoBackend {
 
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move {
+        self.run(move |inner, _| async move {
             let (locks, _) = inner.collections().await?;
             let update = vec![doc! { "$set": { "expireAt": now_plus(ttl) } }];
             let changed = locks
@@ -949,7 +954,7 @@ impl Backend for MongoBackend {
 
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move {
+        self.run(move |inner, _| async move {
             let (locks, _) = inner.collections().await?;
             let found = locks
                 .find_one(ours_live(&key, &token))
@@ -970,8 +975,9 @@ impl Backend for MongoBackend {
     /// and the next holder is granted only after that end or a release.
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
         let (key, token) = (key.to_owned(), token.to_owned());
-        self.run(move |inner| async move {
+        self.run(move |inner, abandon| async move {
             let (locks, fences) = inner.collections().await?;
+            abandon.still_wanted("mongo")?;
             if !inner
                 .attempt(&locks, &key, &token, ttl, None)
                 .await?
@@ -989,7 +995,7 @@ impl Backend for MongoBackend {
 
     fn inspect(&self, key: &str) -> Op<KeyInfo> {
         let key = key.to_owned();
-        self.run(move |inner| async move {
+        self.run(move |inner, _| async move {
             let (locks, fences) = inner.collections().await?;
             let mut found = inner.look(&locks, doc! { "key": &key }, 1).await?;
             let mut info = found.pop().unwrap_or(KeyInfo {
@@ -1014,7 +1020,7 @@ impl Backend for MongoBackend {
     /// the fence counters of the keys found.
     fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
         let pattern = format!("^{}", regex_escape(prefix));
-        self.run(move |inner| async move {
+        self.run(move |inner, _| async move {
             let (locks, fences) = inner.collections().await?;
             let filter = doc! { "key": { "$regex": pattern } };
             let mut found = inner.look(&locks, filter, limit).await?;
@@ -1048,7 +1054,7 @@ impl Backend for MongoBackend {
     /// head, who is woken.
     fn force_release(&self, key: &str) -> Op<bool> {
         let key = key.to_owned();
-        self.run(move |inner| async move {
+        self.run(move |inner, _| async move {
             let (locks, _) = inner.collections().await?;
             let held = live(doc! { "key": &key, "uniqueValue": { "$exists": true } });
             inner.release_where(&locks, held).await
@@ -1127,8 +1133,9 @@ impl Queue for MongoBackend {
         self.start_pushes();
         let (key, token, waiter) = (key.to_owned(), token.to_owned(), waiter.to_owned());
         let lease = lease.max(MIN_PLACE_LEASE_MS);
-        self.run(move |inner| async move {
+        self.run(move |inner, abandon| async move {
             let (locks, fences) = inner.collections().await?;
+            abandon.still_wanted("mongo")?;
             let attempt = inner
                 .attempt(&locks, &key, &token, ttl, Some((&waiter, lease)))
                 .await?;
@@ -1151,7 +1158,7 @@ impl Queue for MongoBackend {
 
     fn leave(&self, key: &str, waiter: &str) -> Op<()> {
         let (key, waiter) = (key.to_owned(), waiter.to_owned());
-        self.run(move |inner| async move {
+        self.run(move |inner, _| async move {
             let (locks, _) = inner.collections().await?;
             let without = vec![
                 doc! { "$set": { "queue": { "$filter": {

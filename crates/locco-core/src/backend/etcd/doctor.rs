@@ -11,7 +11,7 @@ use crate::engine::error::BackendErrorKind;
 impl EtcdBackend {
     /// Checks the cluster against what the locks rely on (see [`crate::safety`]).
     pub fn check_safety(&self, _options: SafetyOptions) -> Op<Vec<Finding>> {
-        self.run(move |inner| async move {
+        self.run(move |inner, _| async move {
             let mut client = inner.client().await?;
             let mut found = Vec::new();
             match client.member_list().await {

@@ -13,7 +13,7 @@ impl MongoBackend {
     /// Checks the server and the lock collection against what the locks rely on (see
     /// [`crate::safety`]).
     pub fn check_safety(&self, options: SafetyOptions) -> Op<Vec<Finding>> {
-        self.run(move |inner| async move {
+        self.run(move |inner, _| async move {
             let db = inner.database().await?;
             let first = hello(&inner, &db).await?;
             let mut found = Vec::new();
