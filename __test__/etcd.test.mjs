@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { BackendError, Locker, ValidationError } from 'locco-rs';
 import { EtcdAdapter } from 'locco-rs/etcd';
-import { delayingProxy, makeTestCertificates, startEtcd, startEtcdCluster } from './support/servers.mjs';
+import { makeTestCertificates, startEtcd, startEtcdCluster, testProxy } from './support/servers.mjs';
 import { heldThroughFlood, sleep, until } from './support/adapters.mjs';
 
 const b64 = (s) => Buffer.from(s).toString('base64');
@@ -273,7 +273,7 @@ describe('EtcdAdapter session lease', () => {
     // the session is still being opened. Any grant that went out after that would move the
     // store's revision (its put, then the give-back's delete); a lease grant does not.
     const revision = async () => (await etcd.call(etcd.members[0], 'kv/range', { key: b64('x'), count_only: true })).header.revision;
-    const proxy = await delayingProxy(Number(etcd.endpoint.split(':').pop()), 1500);
+    const proxy = await testProxy(Number(etcd.endpoint.split(':').pop()), { delay: 1500 });
     try {
       await using adapter = new EtcdAdapter({ endpoints: [`127.0.0.1:${proxy.port}`], prefix: 'late/' });
       const before = await revision();
@@ -283,6 +283,31 @@ describe('EtcdAdapter session lease', () => {
       await sleep(2500); // the connection, the give-back, and anything else still due
       assert.equal(await revision(), before, 'no write reached the server');
       assert.equal(await readKey(etcd, etcd.members[0], 'late/k'), null);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  it('a grant that could not connect is not sent again once the engine gave it up', async () => {
+    // Connected, then the network is cut for 1.5 s against a 1 s lease: the grant cannot
+    // leave and is retried until requestTimeout, but a retry after the engine gave it up
+    // would land after the give-back. Any grant that lands moves the store's revision.
+    const revision = async () => (await etcd.call(etcd.members[0], 'kv/range', { key: b64('x'), count_only: true })).header.revision;
+    const proxy = await testProxy(Number(etcd.endpoint.split(':').pop()));
+    try {
+      await using adapter = new EtcdAdapter({ endpoints: [`127.0.0.1:${proxy.port}`], prefix: 'resent/' });
+      const locker = new Locker({ adapter, retry: { retries: 0 } });
+      const first = await locker.acquire('warm', { ttl: 60_000 });
+      await first.release();
+      const before = await revision();
+      await proxy.cut();
+      await sleep(200); // the client has seen its connection close: the grant never leaves
+      setTimeout(() => proxy.restore(), 1500);
+      const err = await locker.tryAcquire('k', { ttl: 1000 }).catch((e) => e);
+      assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
+      await sleep(2500); // the way back, the give-back, and anything else still due
+      assert.equal(await revision(), before, 'no write reached the server');
+      assert.equal(await readKey(etcd, etcd.members[0], 'resent/k'), null);
     } finally {
       await proxy.close();
     }

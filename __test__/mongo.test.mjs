@@ -4,7 +4,7 @@ import { MongoClient } from 'mongodb';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { BackendError, Locker, ValidationError } from 'locco-rs';
 import { MongoAdapter, mongoLocksIndexes } from 'locco-rs/mongo';
-import { delayingProxy, freePort, startMongo } from './support/servers.mjs';
+import { testProxy, freePort, startMongo } from './support/servers.mjs';
 import { heldThroughFlood } from './support/adapters.mjs';
 
 describe('MongoAdapter', () => {
@@ -51,7 +51,7 @@ describe('MongoAdapter', () => {
     // The first connection takes 1.5 s, the lease 1 s: the engine gives the attempt up while
     // the driver still connects. A fenced grant that went out after that would leave its
     // fencing counter behind, which the give-back does not remove.
-    const proxy = await delayingProxy(Number(new URL(mongo.url).port), 1500);
+    const proxy = await testProxy(Number(new URL(mongo.url).port), { delay: 1500 });
     const url = mongo.url.replace(`:${new URL(mongo.url).port}/`, `:${proxy.port}/`);
     const adapter = new MongoAdapter({ url, dbName: 'given_up' });
     try {

@@ -20,10 +20,12 @@ export function freePort() {
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /**
- * A loopback TCP proxy to `port` that holds each new connection `delay` ms before it connects
- * through: a slow network for a client's first connection. Returns { port, close }.
+ * A loopback TCP proxy to `port`. `delay` holds each new connection that many ms before it
+ * connects through (a slow network for a client's first connection); `cut()` drops every
+ * connection and stops listening (a connect is refused) until `restore()`. Returns
+ * { port, cut, restore, close }.
  */
-export async function delayingProxy(port, delay) {
+export async function testProxy(port, { delay = 0 } = {}) {
   const sockets = new Set();
   const server = createServer((client) => {
     sockets.add(client);
@@ -35,20 +37,24 @@ export async function delayingProxy(port, delay) {
       const upstream = connect(port, '127.0.0.1');
       sockets.add(upstream);
       upstream.on('error', () => client.destroy());
-      upstream.on('close', () => client.destroy());
+      upstream.on('close', () => {
+        sockets.delete(upstream);
+        client.destroy();
+      });
       client.on('close', () => upstream.destroy());
       client.pipe(upstream).pipe(client);
       client.resume();
     }, delay);
   });
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return {
-    port: server.address().port,
-    close: () => {
-      for (const s of sockets) s.destroy();
-      return new Promise((resolve) => server.close(resolve));
-    },
+  const listen = (at) => new Promise((resolve) => server.listen(at, '127.0.0.1', resolve));
+  const stop = () => {
+    const closed = new Promise((resolve) => server.close(resolve));
+    for (const s of sockets) s.destroy();
+    return closed;
   };
+  await listen(0);
+  const own = server.address().port;
+  return { port: own, cut: stop, restore: () => listen(own), close: () => (server.listening ? stop() : undefined) };
 }
 
 /**

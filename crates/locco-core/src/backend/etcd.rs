@@ -343,7 +343,21 @@ impl Inner {
     /// One request, bounded by `requestTimeout`. A request that never left (no connection
     /// to the member the channel picked, e.g. one that just died) is sent again until the
     /// bound: that is safe for every verb, since the server never saw it.
-    async fn bounded<T, F>(&self, what: &str, mut send: impl FnMut() -> F) -> Result<T, Failure>
+    async fn bounded<T, F>(&self, what: &str, send: impl FnMut() -> F) -> Result<T, Failure>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.bounded_while(what, None, send).await
+    }
+
+    /// [`Inner::bounded`] for a grant: sent again only while the engine still wants it, since
+    /// one that leaves after the engine gave it up lands after the release of its token.
+    async fn bounded_while<T, F>(
+        &self,
+        what: &str,
+        wanted: Option<&io::OnAbandon>,
+        mut send: impl FnMut() -> F,
+    ) -> Result<T, Failure>
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
@@ -352,14 +366,16 @@ impl Inner {
                 match send().await {
                     Err(e) if not_sent(&e) => {
                         tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
+                        if let Some(wanted) = wanted {
+                            wanted.still_wanted("etcd")?;
+                        }
                     }
-                    r => return r,
+                    r => return r.map_err(|e| failure_of(&self.secrets, e)),
                 }
             }
         };
         match tokio::time::timeout(self.request_timeout(), attempts).await {
-            Ok(r) => r.map_err(|e| failure_of(&self.secrets, e)),
+            Ok(r) => r,
             Err(_) => Err(timeout_failure(what, self.options.request_timeout_ms)),
         }
     }
@@ -595,7 +611,7 @@ impl Inner {
                     Some(PutOptions::new().with_lease(session.id)),
                 )]);
             match self
-                .bounded("a grant", || {
+                .bounded_while("a grant", Some(abandon), || {
                     let (mut kv, txn) = (kv.clone(), txn.clone());
                     async move { kv.txn(txn).await }
                 })
@@ -1177,7 +1193,7 @@ impl Inner {
                 ]),
         };
         let resp = self
-            .bounded("a queued grant", || {
+            .bounded_while("a queued grant", Some(abandon), || {
                 let (mut kv, txn) = (kv.clone(), txn.clone());
                 async move { kv.txn(txn).await }
             })
