@@ -96,6 +96,27 @@ describe('Redis', () => {
     }
   });
 
+  it('a batch renewal sets each key to expire one ttl after the batch ran', async () => {
+    const adapter = new RedisAdapter({ url: redis.url });
+    const locker = new Locker({ adapter });
+    const locks = await Promise.all(
+      Array.from({ length: 20 }, (_, i) => locker.acquire(`redis-ttl:${i}`, { ttl: TTL, autoExtend: { maxHold: 60_000 } })),
+    );
+    try {
+      // Past the first ttl: only the renewals keep the keys.
+      await sleep(TTL + INTERVAL);
+      for (const lock of locks) {
+        assert.equal(lock.state, 'held');
+        const left = Number(redis.cli('PTTL', lock.key));
+        // At most one ttl, and renewed within the last interval or so.
+        assert.ok(left <= TTL && left > TTL - 2 * INTERVAL, `${lock.key}: PTTL ${left} ms for a ttl of ${TTL} ms`);
+      }
+    } finally {
+      await Promise.all(locks.map((l) => l.release()));
+      await adapter.close();
+    }
+  });
+
   // A key that is no longer a string (here a hash, written behind the locker's back) is not
   // ours. Reading it with GET raised WRONGTYPE and failed the whole batch, so every lock in it
   // failed to extend until its lease ran out.

@@ -27,14 +27,14 @@ async function open() {
   if (backend === 'redis') {
     const server = await startRedis();
     const { RedisAdapter } = await import('../redis.mjs');
-    // The server's own count of the renewal scripts and the keys they extended (PEXPIRE calls).
+    // The server's own count of the renewal scripts and the keys they extended (PEXPIREAT calls).
     const renewals = () => {
       const stats = server.cli('INFO', 'commandstats');
       const stat = (name) => {
         const m = new RegExp(`cmdstat_${name}:calls=(\\d+),usec=(\\d+)`).exec(stats);
         return m ? { calls: Number(m[1]), usec: Number(m[2]) } : { calls: 0, usec: 0 };
       };
-      return { scripts: stat('evalsha'), keys: stat('pexpire').calls };
+      return { scripts: stat('evalsha'), keys: stat('pexpireat').calls };
     };
     return {
       adapter: new RedisAdapter({ url: server.url }),

