@@ -85,10 +85,7 @@ pub(crate) struct AbandonState {
 }
 
 // Only the Postgres backend cancels statements (`set`, `clear`); the others have nothing to stop.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "mongo", feature = "etcd")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl OnAbandon {
     /// Registers the canceller; runs it at once when the operation was already abandoned.
     pub fn set(&self, f: impl FnOnce() + Send + 'static) {
@@ -110,16 +107,6 @@ impl OnAbandon {
         self.0.abandoned.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Err when the engine gave the operation up: for a grant about to be sent after a wait
-    /// of its own (a first connection, a session), which would land after the engine's
-    /// release of its token.
-    pub fn still_wanted(&self, backend: &'static str) -> Result<(), Failure> {
-        match self.is_abandoned() {
-            true => Err(not_sent(backend)),
-            false => Ok(()),
-        }
-    }
-
     /// Marks the operation abandoned and cancels what is on the wire. True when a canceller ran.
     fn trigger(&self) -> bool {
         self.0
@@ -131,6 +118,18 @@ impl OnAbandon {
     fn cancel(&self) -> bool {
         let f = self.0.cancel.lock().ok().and_then(|mut s| s.take());
         f.map(|f| f()).is_some()
+    }
+}
+
+impl OnAbandon {
+    /// Err when the engine gave the operation up: for a request about to start, or a grant
+    /// about to be sent after a wait of its own (a first connection, a session), which would
+    /// land after the engine's release of its token.
+    pub fn still_wanted(&self, backend: &'static str) -> Result<(), Failure> {
+        match self.is_abandoned() {
+            true => Err(not_sent(backend)),
+            false => Ok(()),
+        }
     }
 }
 
