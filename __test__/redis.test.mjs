@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { BackendError, Locker, LockHeldError, ValidationError } from 'locco-rs';
 import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
-import { freePort, makeTestCertificates, startRedis, startRedisCluster } from './support/servers.mjs';
+import { freePort, makeTestCertificates, startRedis, startRedisCluster, testProxy } from './support/servers.mjs';
 import { sleep, until } from './support/adapters.mjs';
 
 describe('RedisAdapter faults', () => {
@@ -313,22 +313,29 @@ describe('RedisAdapter waitForReplicas', () => {
   });
 
   it('an attempt given up before its connection was up sends nothing, so no grant lands after its give-back', async () => {
-    // As without waitForReplicas (see above), on the path that waits for the replica: a clock
-    // that jumps a whole lease per reading puts the attempt out of time while the fresh adapter
-    // still connects, and its write must not go out after the release.
+    // As without waitForReplicas (see above), on the path that waits for the replica, whose
+    // connection is made on the I/O thread: the first connection takes 2 s, the lease 1 s, so
+    // the attempt is out of time while the fresh adapter still connects, and its write must not
+    // go out after the release. (A clock that jumps a lease per reading, as above, raced with
+    // that thread: on a busy machine the connection was up before the engine gave up.)
     const sets = () => Number(/cmdstat_set:calls=(\d+)/.exec(primary.cli('INFO', 'commandstats'))?.[1] ?? 0);
-    for (const fencing of [false, true]) {
-      const key = `wait-given-up-${fencing}`;
-      const before = sets();
-      let t = 0;
-      const adapter = new RedisAdapter({ url: primary.url, waitForReplicas: { replicas: 1, timeout: 1000 } });
-      const locker = new Locker({ adapter, fencing, now: () => (t += 1000) });
-      const err = await locker.tryAcquire(key, { ttl: 1000 }).catch((e) => e);
-      assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
-      await sleep(300); // the give-back, and anything else still due
-      assert.equal(sets(), before, `fencing ${fencing}: no SET reached the server`);
-      assert.equal(primary.cli('EXISTS', key, `{${key}}:locco-fence`), '0', `fencing ${fencing}`);
-      await adapter.close();
+    const proxy = await testProxy(Number(new URL(primary.url).port), { delay: 2000 });
+    try {
+      for (const fencing of [false, true]) {
+        const key = `wait-given-up-${fencing}`;
+        const before = sets();
+        const url = primary.url.replace(`:${new URL(primary.url).port}`, `:${proxy.port}`);
+        const adapter = new RedisAdapter({ url, waitForReplicas: { replicas: 1, timeout: 1000 } });
+        const locker = new Locker({ adapter, fencing, retry: { retries: 0 } });
+        const err = await locker.tryAcquire(key, { ttl: 1000 }).catch((e) => e);
+        assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
+        await sleep(2500); // the connection, the give-back, and anything else still due
+        assert.equal(sets(), before, `fencing ${fencing}: no SET reached the server`);
+        assert.equal(primary.cli('EXISTS', key, `{${key}}:locco-fence`), '0', `fencing ${fencing}`);
+        await adapter.close();
+      }
+    } finally {
+      await proxy.close();
     }
   });
 
