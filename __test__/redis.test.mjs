@@ -320,11 +320,11 @@ describe('RedisAdapter waitForReplicas', () => {
     // that thread: on a busy machine the connection was up before the engine gave up.)
     const sets = () => Number(/cmdstat_set:calls=(\d+)/.exec(primary.cli('INFO', 'commandstats'))?.[1] ?? 0);
     const proxy = await testProxy(Number(new URL(primary.url).port), { delay: 2000 });
+    const url = primary.url.replace(`:${new URL(primary.url).port}`, `:${proxy.port}`);
     try {
       for (const fencing of [false, true]) {
         const key = `wait-given-up-${fencing}`;
         const before = sets();
-        const url = primary.url.replace(`:${new URL(primary.url).port}`, `:${proxy.port}`);
         const adapter = new RedisAdapter({ url, waitForReplicas: { replicas: 1, timeout: 1000 } });
         const locker = new Locker({ adapter, fencing, retry: { retries: 0 } });
         const err = await locker.tryAcquire(key, { ttl: 1000 }).catch((e) => e);

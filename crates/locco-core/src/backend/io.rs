@@ -259,7 +259,7 @@ where
 }
 
 /// The answer to a request given up before anything of it was sent.
-fn not_sent(backend: &'static str) -> Failure {
+pub(crate) fn not_sent(backend: &'static str) -> Failure {
     Failure::new(
         backend,
         BackendErrorKind::Timeout,

@@ -746,7 +746,7 @@ impl RedisBackend {
                     inner.check_eviction(&mut conn).await;
                 }
                 if given_up() {
-                    return Err(not_sent().into_error());
+                    return Err(io::not_sent("redis").into_error());
                 }
                 let answer = work(inner.clone(), conn).await;
                 inner.deliver_warning(warn.as_deref());
@@ -760,7 +760,7 @@ impl RedisBackend {
                 move |_| async move {
                     let conn = inner.conn().await?;
                     if given_up() {
-                        return Err(not_sent());
+                        return Err(io::not_sent("redis"));
                     }
                     work(inner, conn).await
                 }
@@ -770,15 +770,6 @@ impl RedisBackend {
             answer
         })
     }
-}
-
-/// The failure of an operation given up before it was sent.
-fn not_sent() -> Failure {
-    Failure::new(
-        "redis",
-        BackendErrorKind::Timeout,
-        "given up before it was sent; nothing reached the server",
-    )
 }
 
 impl Inner {
@@ -959,7 +950,7 @@ impl Inner {
         let mut conn = self.replicated_conn().await?;
         if given_up.is_some_and(GivenUp::get) {
             self.reuse_replicated(conn);
-            return Err(not_sent());
+            return Err(io::not_sent("redis"));
         }
         let answer = write(&mut conn).await.map_err(|e| self.failure(e))?;
         let mut wait = redis::cmd("WAIT");
