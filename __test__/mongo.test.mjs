@@ -68,6 +68,34 @@ describe('MongoAdapter', () => {
     }
   });
 
+  it('an attempt given up while it waits for a pooled connection is not sent', async () => {
+    // One pooled connection, taken by a request whose answer the network holds for 1.5 s; a
+    // second attempt, with a 1 s lease, waits for it and is given up. Sent once the connection
+    // came free, its fenced grant would leave a fencing counter behind.
+    const proxy = await testProxy(Number(new URL(mongo.url).port));
+    const proxied = new URL(mongo.url);
+    proxied.port = String(proxy.port);
+    proxied.searchParams.set('maxPoolSize', '1');
+    const adapter = new MongoAdapter({ url: proxied.href, dbName: 'pool_wait' });
+    try {
+      const locker = new Locker({ adapter, fencing: true, retry: { retries: 0 } });
+      await (await locker.acquire('warm', { ttl: 10_000 })).release(); // connected, indexes made
+      const stalled = proxy.stall(1500);
+      const first = locker.tryAcquire('first', { ttl: 10_000 });
+      const err = await locker.tryAcquire('late', { ttl: 1000 }).catch((e) => e);
+      assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
+      await stalled;
+      assert.notEqual(await first, null);
+      await sleep(1000); // anything still due
+      const db = client.db('pool_wait');
+      assert.equal(await db.collection('locco-locks-fences').findOne({ _id: 'late' }), null, 'no fencing token was counted');
+      assert.equal(await db.collection('locco-locks').findOne({ key: 'late' }), null);
+    } finally {
+      await adapter.close();
+      await proxy.close();
+    }
+  });
+
   it('describes its indexes in the shape createIndexes takes', () => {
     assert.deepEqual(mongoLocksIndexes(), [
       { key: { key: 1 }, name: 'locco_key_unique', unique: true },

@@ -22,11 +22,18 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 /**
  * A loopback TCP proxy to `port`. `delay` holds each new connection that many ms before it
  * connects through (a slow network for a client's first connection); `cut()` drops every
- * connection and stops listening (a connect is refused) until `restore()`. Returns
- * { port, cut, restore, close }.
+ * connection and stops listening (a connect is refused) until `restore()`; `stall(ms)` holds
+ * every byte in both directions for `ms` (a network that stops, then delivers), resolving once
+ * they have been passed on. Returns { port, cut, restore, stall, close }.
  */
 export async function testProxy(port, { delay = 0 } = {}) {
   const sockets = new Set();
+  let held; // the bytes kept while stalled: [socket, chunk][]
+  const forward = (from, to) =>
+    from.on('data', (chunk) => {
+      if (held !== undefined) held.push([to, chunk]);
+      else to.write(chunk);
+    });
   const server = createServer((client) => {
     sockets.add(client);
     client.on('close', () => sockets.delete(client));
@@ -42,7 +49,8 @@ export async function testProxy(port, { delay = 0 } = {}) {
         client.destroy();
       });
       client.on('close', () => upstream.destroy());
-      client.pipe(upstream).pipe(client);
+      forward(client, upstream);
+      forward(upstream, client);
       client.resume();
     }, delay);
   });
@@ -52,9 +60,16 @@ export async function testProxy(port, { delay = 0 } = {}) {
     for (const s of sockets) s.destroy();
     return closed;
   };
+  const stall = async (ms) => {
+    held = [];
+    await sleep(ms);
+    const kept = held;
+    held = undefined;
+    for (const [to, chunk] of kept) if (!to.destroyed) to.write(chunk);
+  };
   await listen(0);
   const own = server.address().port;
-  return { port: own, cut: stop, restore: () => listen(own), close: () => (server.listening ? stop() : undefined) };
+  return { port: own, cut: stop, restore: () => listen(own), stall, close: () => (server.listening ? stop() : undefined) };
 }
 
 /**

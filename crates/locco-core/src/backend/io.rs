@@ -134,7 +134,7 @@ impl OnAbandon {
 }
 
 /// How many of one backend's requests run on the I/O thread at once (see [`Lane`]).
-const LANE_WIDTH: usize = 128;
+pub(crate) const LANE_WIDTH: usize = 128;
 
 /// A backend's share of the I/O thread: at most [`LANE_WIDTH`] of its requests run at once,
 /// the rest wait their turn, in order, on the engine's side. The thread serves the tasks sent
@@ -147,7 +147,14 @@ pub(crate) struct Lane(Arc<tokio::sync::Semaphore>);
 
 impl Default for Lane {
     fn default() -> Self {
-        Lane(Arc::new(tokio::sync::Semaphore::new(LANE_WIDTH)))
+        Lane::new(LANE_WIDTH)
+    }
+}
+
+impl Lane {
+    /// A lane for `width` requests at once (at least one).
+    pub(crate) fn new(width: usize) -> Self {
+        Lane(Arc::new(tokio::sync::Semaphore::new(width.max(1))))
     }
 }
 

@@ -151,6 +151,33 @@ pub struct MongoBackend {
     inner: Arc<Inner>,
 }
 
+/// The driver's connection pool when the URL does not size it (the driver's own default, set
+/// explicitly so that the lane below always matches it).
+const DEFAULT_POOL_SIZE: u32 = 10;
+
+/// The URL's `maxPoolSize` (option names are case-insensitive); 0 means unbounded.
+fn pool_size_of(url: &str) -> Option<u32> {
+    let query = url.split_once('?')?.1;
+    query.split('&').find_map(|pair| {
+        let (name, value) = pair.split_once('=')?;
+        match name.eq_ignore_ascii_case("maxPoolSize") {
+            true => value.parse().ok(),
+            false => None,
+        }
+    })
+}
+
+/// As many requests in the lane as the pool has connections: a request beyond them would wait
+/// inside the driver for one, past the point where the engine's give-up is checked, and a grant
+/// given up there would still be sent. In the lane it waits where that is checked (and a
+/// heartbeat, which takes no place, waits behind at most a pool's worth of requests).
+fn lane_for(url: &str) -> io::Lane {
+    match pool_size_of(url).unwrap_or(DEFAULT_POOL_SIZE) {
+        0 => io::Lane::default(),
+        n => io::Lane::new((n as usize).min(io::LANE_WIDTH)),
+    }
+}
+
 fn secrets_of(url: &str) -> Vec<String> {
     url.split_once("://")
         .and_then(|(_, rest)| rest.split_once('@'))
@@ -177,7 +204,6 @@ impl MongoBackend {
         let secrets = secrets_of(&options.url);
         Ok(MongoBackend {
             inner: Arc::new(Inner {
-                options,
                 client: tokio::sync::OnceCell::new(),
                 secrets,
                 indexes_ready: tokio::sync::OnceCell::new(),
@@ -187,7 +213,8 @@ impl MongoBackend {
                 pushes_started: AtomicBool::new(false),
                 stop: Arc::new(tokio::sync::Notify::new()),
                 bulk_write: AtomicU8::new(BULK_UNKNOWN),
-                lane: io::Lane::default(),
+                lane: lane_for(&options.url),
+                options,
             }),
         })
     }
@@ -327,6 +354,8 @@ impl Inner {
                 // could deny a lock we were just granted.
                 options.selection_criteria =
                     Some(SelectionCriteria::ReadPreference(ReadPreference::Primary));
+                // The size the lane was made for (see `lane_for`).
+                options.max_pool_size.get_or_insert(DEFAULT_POOL_SIZE);
                 Client::with_options(options).map_err(|e| self.failure(e))
             })
             .await
@@ -1329,5 +1358,13 @@ mod tests {
             );
         }
         assert!(check_name("collectionName", "locco-locks", 120).is_ok());
+    }
+
+    #[test]
+    fn the_pool_size_comes_from_the_url_whatever_its_case() {
+        assert_eq!(pool_size_of("mongodb://h/db?w=1&maxPoolSize=3"), Some(3));
+        assert_eq!(pool_size_of("mongodb://h/?MAXPOOLSIZE=0"), Some(0));
+        assert_eq!(pool_size_of("mongodb://h/db?minPoolSize=2"), None);
+        assert_eq!(pool_size_of("mongodb://h/db"), None);
     }
 }
