@@ -136,12 +136,13 @@ impl OnAbandon {
 /// How many of one backend's requests run on the I/O thread at once (see [`Lane`]).
 pub(crate) const LANE_WIDTH: usize = 128;
 
-/// A backend's share of the I/O thread: at most [`LANE_WIDTH`] of its requests run at once,
-/// the rest wait their turn, in order, on the engine's side. The thread serves the tasks sent
-/// to it in the order they came, and between its own tasks, so a heartbeat sent behind 8,000
-/// acquisitions started seconds later, after its lock's lease had run out. Heartbeats ([`run`]) do not
-/// wait for a place. Only short requests take one: a place held for as long as a lock lives
-/// would shut the lane.
+/// A backend's share of the I/O thread: at most [`LANE_WIDTH`] of its requests run at once
+/// (fewer where its driver would queue the rest itself: MongoDB's pool), the rest wait their
+/// turn, in order, on the engine's side. The thread serves the tasks sent to it in the order
+/// they came, and between its own tasks, so a heartbeat sent behind 8,000 acquisitions started
+/// seconds later, after its lock's lease had run out. Heartbeats ([`run`]) do not wait for a
+/// place. Only short requests take one: a place held for as long as a lock lives would shut
+/// the lane.
 #[derive(Clone)]
 pub(crate) struct Lane(Arc<tokio::sync::Semaphore>);
 
