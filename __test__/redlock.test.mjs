@@ -184,6 +184,37 @@ describe('RedlockAdapter over 5 servers', () => {
     assert.deepEqual([0, 3, 4].map((i) => valuesOf(key)[i]), ['someone-else', '', '']);
   });
 
+  it('a split vote with a server paused is tried again within the budget, and wins once the key is free', async () => {
+    // Another client holds the key on two servers for 600 ms and one server is paused: each
+    // attempt gets 2 granted, 2 held, 1 silent, a majority neither way. Reported at once, every
+    // contended acquisition would fail while a single server is down.
+    const locker = lockerOn(redlock());
+    await locker.acquire(freshKey(), { ttl: 5000 }).then((l) => l.release()); // connected to all
+    const key = freshKey();
+    for (const i of [0, 1]) servers[i].cli('SET', key, 'someone-else', 'PX', '600');
+    pause(4);
+    const lock = await locker.acquire(key, { ttl: 5000, retry: { retries: 20, delay: 50 } });
+    await everywhere(key, lock.token);
+    assert.equal(await lock.release(), true);
+  });
+
+  it('a split vote that lasts past the budget is a BackendError with the votes, never LockHeldError', async () => {
+    const locker = lockerOn(redlock());
+    await locker.acquire(freshKey(), { ttl: 5000 }).then((l) => l.release());
+    const key = freshKey();
+    for (const i of [0, 1]) servers[i].cli('SET', key, 'someone-else', 'PX', '10000');
+    pause(4);
+    const sets = () => Number(/cmdstat_set:calls=(\d+)/.exec(servers[2].cli('INFO', 'commandstats'))?.[1] ?? 0);
+    const before = sets();
+    const err = await locker.acquire(key, { ttl: 5000, retry: { retries: 2, delay: 10 } }).catch((e) => e);
+    assert.ok(err instanceof BackendError && !(err instanceof LockHeldError), String(err));
+    assert.match(err.message, /2 granted, 2 held by another holder, 1 failed/);
+    assert.equal(err.message.split('acquire of').length, 2, `named once: ${err.message}`);
+    assert.equal(sets() - before, 3, 'three attempts: the first and two retries');
+    await sleep(50);
+    assert.deepEqual([0, 1, 2, 3].map((i) => valuesOf(key)[i]), ['someone-else', 'someone-else', '', '']);
+  });
+
   it('an attempt given up before its request left sends nothing, so no grant lands after its give-back', async () => {
     // A clock that jumps a whole lease per reading: the attempt is out of time before the
     // fresh adapter's first connections are up. Its SET must not go out after the release.

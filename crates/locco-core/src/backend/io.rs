@@ -68,6 +68,7 @@ impl Failure {
             kind: self.kind,
             message: self.message,
             code: self.code,
+            held_in_part: false,
         }
     }
 }

@@ -559,6 +559,14 @@ impl RedlockBackend {
                     ),
                 )),
                 Ok(_) => Ok(false),
+                // Held on some servers, not on enough to prove it with others silent: the
+                // engine tries again within its budget rather than failing at once.
+                Err(mut e) if give_back && ballot.tally.no > 0 => {
+                    if let Error::Backend { held_in_part, .. } = &mut e {
+                        *held_in_part = true;
+                    }
+                    Err(e)
+                }
                 Err(e) => Err(e),
             };
             if give_back {

@@ -155,6 +155,10 @@ pub enum Error {
         kind: BackendErrorKind,
         message: String,
         code: Option<String>,
+        /// A grant that found the key held by another on some servers, with too many silent
+        /// or failed ones to prove contention (a Redlock split vote with a server down): a
+        /// later attempt, within the retry budget, may well win.
+        held_in_part: bool,
     },
     /// `waitForReplicas`: fewer replicas acknowledged a grant or extension than asked for.
     /// Not contention: an acquire gives the key back, an extension keeps the lock.
@@ -213,6 +217,7 @@ impl Error {
             kind,
             message: message.into(),
             code: None,
+            held_in_part: false,
         }
     }
 

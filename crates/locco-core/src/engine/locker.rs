@@ -405,9 +405,14 @@ impl Locker {
             let joined = place.is_some();
             // A queued waiter rides out a connection that drops or a server that restarts:
             // its place (or the queue) may be gone, but its next attempt asks again, and
-            // the budget still bounds the wait. Anything else ends the acquisition.
+            // the budget still bounds the wait. So does an attempt that found the key held
+            // on some servers but could not tell for sure (a Redlock split vote with a server
+            // down), which a later attempt may win. Anything else ends the acquisition; a
+            // failure ridden out is still the error when the budget runs out.
             let outcome = match outcome {
-                Err(e) if joined && answered.is_some() && is_transient(&e) => {
+                Err(e)
+                    if (joined && answered.is_some() && is_transient(&e)) || held_in_part(&e) =>
+                {
                     failed = Some(e);
                     Attempt::NoAnswer
                 }
@@ -891,21 +896,15 @@ impl Locker {
 
 /// A backend failure of a grant request, with the operation and the key in its message, so
 /// that a log line says what failed. Host errors pass through untouched.
-fn naming(e: Error, key: &str) -> Error {
-    match e {
-        Error::Backend {
-            backend,
-            kind,
-            message,
-            code,
-        } => Error::Backend {
-            backend,
-            kind,
-            message: format!("acquire of {key:?}: {message}"),
-            code,
-        },
-        other => other,
+fn naming(mut e: Error, key: &str) -> Error {
+    if let Error::Backend { message, .. } = &mut e {
+        let named = format!("acquire of {key:?}: ");
+        // Redlock names the operation itself.
+        if !message.starts_with(&named) {
+            message.insert_str(0, &named);
+        }
     }
+    e
 }
 
 /// A failure that a later attempt may not meet: the connection or the server, not the
@@ -915,6 +914,17 @@ fn is_transient(e: &Error) -> bool {
         e,
         Error::Backend {
             kind: BackendErrorKind::Io | BackendErrorKind::Timeout,
+            ..
+        }
+    )
+}
+
+/// A grant's failure that found the key held by another on some servers (see `Error::Backend`).
+fn held_in_part(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Backend {
+            held_in_part: true,
             ..
         }
     )
