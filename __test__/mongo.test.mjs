@@ -47,21 +47,25 @@ describe('MongoAdapter', () => {
     }
   });
 
+  /** No fenced grant of key `late` reached database `dbName`: the give-back does not remove its counter. */
+  async function noLateGrant(dbName) {
+    const db = client.db(dbName);
+    assert.equal(await db.collection('locco-locks-fences').findOne({ _id: 'late' }), null, 'no fencing token was counted');
+    assert.equal(await db.collection('locco-locks').findOne({ key: 'late' }), null);
+  }
+
   it('an attempt given up while its adapter still connects sends nothing, so no grant lands after its give-back', async () => {
     // The first connection takes 1.5 s, the lease 1 s: the engine gives the attempt up while
     // the driver still connects. A fenced grant that went out after that would leave its
     // fencing counter behind, which the give-back does not remove.
     const proxy = await testProxy(Number(new URL(mongo.url).port), { delay: 1500 });
-    const url = mongo.url.replace(`:${new URL(mongo.url).port}/`, `:${proxy.port}/`);
-    const adapter = new MongoAdapter({ url, dbName: 'given_up' });
+    const adapter = new MongoAdapter({ url: proxy.urlFor(mongo.url), dbName: 'given_up' });
     try {
       const locker = new Locker({ adapter, fencing: true, retry: { retries: 0 } });
       const err = await locker.tryAcquire('late', { ttl: 1000 }).catch((e) => e);
       assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
       await sleep(2500); // the connection, the give-back, and anything else still due
-      const db = client.db('given_up');
-      assert.equal(await db.collection('locco-locks-fences').findOne({ _id: 'late' }), null, 'no fencing token was counted');
-      assert.equal(await db.collection('locco-locks').findOne({ key: 'late' }), null);
+      await noLateGrant('given_up');
     } finally {
       await adapter.close();
       await proxy.close();
@@ -73,10 +77,9 @@ describe('MongoAdapter', () => {
     // second attempt, with a 1 s lease, waits for it and is given up. Sent once the connection
     // came free, its fenced grant would leave a fencing counter behind.
     const proxy = await testProxy(Number(new URL(mongo.url).port));
-    const proxied = new URL(mongo.url);
-    proxied.port = String(proxy.port);
-    proxied.searchParams.set('maxPoolSize', '1');
-    const adapter = new MongoAdapter({ url: proxied.href, dbName: 'pool_wait' });
+    const url = new URL(proxy.urlFor(mongo.url));
+    url.searchParams.set('maxPoolSize', '1');
+    const adapter = new MongoAdapter({ url: url.href, dbName: 'pool_wait' });
     try {
       const locker = new Locker({ adapter, fencing: true, retry: { retries: 0 } });
       await (await locker.acquire('warm', { ttl: 10_000 })).release(); // connected, indexes made
@@ -87,9 +90,7 @@ describe('MongoAdapter', () => {
       await stalled;
       assert.notEqual(await first, null);
       await sleep(1000); // anything still due
-      const db = client.db('pool_wait');
-      assert.equal(await db.collection('locco-locks-fences').findOne({ _id: 'late' }), null, 'no fencing token was counted');
-      assert.equal(await db.collection('locco-locks').findOne({ key: 'late' }), null);
+      await noLateGrant('pool_wait');
     } finally {
       await adapter.close();
       await proxy.close();

@@ -24,7 +24,8 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
  * connects through (a slow network for a client's first connection); `cut()` drops every
  * connection and stops listening (a connect is refused) until `restore()`; `stall(ms)` holds
  * every byte in both directions for `ms` (a network that stops, then delivers), resolving once
- * they have been passed on. Returns { port, cut, restore, stall, close }.
+ * they have been passed on; `urlFor(url)` is `url` with its port pointed at the proxy.
+ * Returns { port, urlFor, cut, restore, stall, close }.
  */
 export async function testProxy(port, { delay = 0 } = {}) {
   const sockets = new Set();
@@ -69,7 +70,12 @@ export async function testProxy(port, { delay = 0 } = {}) {
   };
   await listen(0);
   const own = server.address().port;
-  return { port: own, cut: stop, restore: () => listen(own), stall, close: () => (server.listening ? stop() : undefined) };
+  const urlFor = (url) => {
+    const proxied = new URL(url);
+    proxied.port = String(own);
+    return proxied.href;
+  };
+  return { port: own, urlFor, cut: stop, restore: () => listen(own), stall, close: () => (server.listening ? stop() : undefined) };
 }
 
 /**
@@ -278,6 +284,11 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
     },
     cli(...cmd) {
       return execFileSync('redis-cli', ['-p', String(port), ...cmd], { encoding: 'utf8' }).trim();
+    },
+    /** How many times the server has run `command` (lower case, as INFO commandstats names it). */
+    calls(command) {
+      const stats = server.cli('INFO', 'commandstats');
+      return Number(new RegExp(`cmdstat_${command}:calls=(\\d+)`).exec(stats)?.[1] ?? 0);
     },
     async dispose() {
       await server.stop();
