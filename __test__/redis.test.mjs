@@ -47,6 +47,33 @@ describe('RedisAdapter faults', () => {
     assert.equal(await lock.release(), true);
   });
 
+  it('requests waiting on a stopped server cost no CPU: the busy-poll for an answer is bounded', async () => {
+    const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url, commandTimeout: 10_000 }), retry: { retries: 0 } });
+    await (await locker.acquire('spin:warm', { ttl: 5000 })).release();
+    redis.pause();
+    try {
+      // One request sent alone, then a steady trickle: the loop may poll a little after each
+      // write while an answer could be near, but not for as long as answers stay away.
+      const pending = [locker.tryAcquire('spin:0', { ttl: 8000 }).catch((e) => e)];
+      const before = process.cpuUsage();
+      const started = performance.now();
+      for (let i = 1; i <= 20; i++) {
+        await sleep(50);
+        pending.push(locker.tryAcquire(`spin:${i}`, { ttl: 8000 }).catch((e) => e));
+      }
+      const used = process.cpuUsage(before);
+      const share = (used.user + used.system) / 1000 / (performance.now() - started);
+      assert.ok(share < 0.25, `waiting on a stopped server used ${(share * 100).toFixed(0)}% of a core`);
+      redis.resume();
+      for (const lock of await Promise.all(pending)) {
+        assert.ok(lock && typeof lock.release === 'function', `an answer came once the server ran: ${lock}`);
+        await lock.release();
+      }
+    } finally {
+      redis.resume();
+    }
+  });
+
   it('a stopped server gives a timeout BackendError and late-extend, not a hang', async () => {
     const adapter = new RedisAdapter({ url: redis.url });
     const locker = new Locker({ adapter, retry: { retries: 0 } });

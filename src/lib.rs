@@ -12,6 +12,7 @@ mod alloc;
 static ALLOCATOR: alloc::ThreadCached = alloc::ThreadCached;
 
 mod adapters;
+mod busy_poll;
 mod doctor;
 mod executor;
 mod fast;

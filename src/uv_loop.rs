@@ -3,7 +3,8 @@
 //!
 //! Writes are queued and leave just before libuv waits for events (a prepare handle), or
 //! earlier once a batch is large: the requests that one turn of the loop makes share a few
-//! `send`s. A lone request leaves at once.
+//! `send`s. A lone request leaves at once. While its answer may be near, the loop polls
+//! instead of sleeping, for a bounded time ([`crate::busy_poll`]).
 //!
 //! Node exports libuv's functions to addons; they resolve when the addon loads.
 
@@ -20,7 +21,7 @@ use std::task::{Context, Waker};
 use locco_core::{EventLoop, LocalFuture, SocketWatch, LOOP_ACTIVITY};
 use napi::sys;
 
-use crate::{executor, hub};
+use crate::{busy_poll, executor, hub};
 
 type PollCb = unsafe extern "C" fn(handle: *mut c_void, status: c_int, events: c_int);
 /// A close callback, or a prepare handle's callback: both get only the handle.
@@ -36,10 +37,12 @@ extern "C" {
     fn uv_prepare_start(handle: *mut c_void, cb: HandleCb) -> c_int;
     fn uv_check_init(lp: *mut c_void, handle: *mut c_void) -> c_int;
     fn uv_check_start(handle: *mut c_void, cb: HandleCb) -> c_int;
+    fn uv_idle_init(lp: *mut c_void, handle: *mut c_void) -> c_int;
     fn uv_strerror(err: c_int) -> *const std::os::raw::c_char;
 }
 
 const UV_CHECK: c_int = 2;
+const UV_IDLE: c_int = 6;
 const UV_POLL: c_int = 8;
 const UV_PREPARE: c_int = 9;
 const UV_READABLE: c_int = 1;
@@ -126,6 +129,7 @@ fn handle_layout() -> Layout {
         uv_handle_size(UV_POLL)
             .max(uv_handle_size(UV_PREPARE))
             .max(uv_handle_size(UV_CHECK))
+            .max(uv_handle_size(UV_IDLE))
     };
     Layout::from_size_align(size, 16).expect("a libuv handle layout")
 }
@@ -161,6 +165,16 @@ unsafe fn start_flushing(lp: *mut c_void) -> napi::Result<()> {
     uv_unref(check);
     uv_check_start(check, after_wait);
     OPEN.with(|o| o.borrow_mut().push(check as usize));
+    let idle = new_handle().map_err(|e| napi::Error::from_reason(e.to_string()))?;
+    if uv_idle_init(lp, idle) != 0 {
+        dealloc(idle.cast(), handle_layout());
+        return Err(napi::Error::from_reason(
+            "could not start a libuv idle handle",
+        ));
+    }
+    uv_unref(idle);
+    OPEN.with(|o| o.borrow_mut().push(idle as usize));
+    busy_poll::started(idle);
     Ok(())
 }
 
@@ -177,6 +191,7 @@ fn shielded(body: impl FnOnce()) {
 
 unsafe extern "C" fn send_all(_: *mut c_void) {
     shielded(send_queued);
+    busy_poll::before_wait();
     LOOP_ACTIVITY.waiting();
 }
 
@@ -212,6 +227,10 @@ struct Interest {
     failed: Option<(std::io::ErrorKind, String)>,
     /// The events libuv watches now.
     events: c_int,
+    /// Wrote since it was last readable.
+    awaiting: bool,
+    /// Bytes written since it was last readable.
+    unanswered: usize,
 }
 
 impl Interest {
@@ -229,7 +248,13 @@ impl Interest {
                 other => other,
             };
             match written {
-                Ok(n) => sent += n,
+                Ok(n) => {
+                    sent += n;
+                    let first = !self.awaiting;
+                    self.awaiting = true;
+                    self.unanswered += n;
+                    busy_poll::wrote(first, n);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -303,6 +328,10 @@ impl Drop for UvWatch {
             })
             .unwrap_or(false);
         let _ = UNSENT.try_with(|u| u.borrow_mut().retain(|i| *i != self.interest));
+        let interest = unsafe { &*self.interest };
+        if interest.awaiting {
+            busy_poll::answered(interest.unanswered);
+        }
         unsafe {
             if open {
                 stop_and_close(self.handle, on_closed);
@@ -326,6 +355,7 @@ unsafe extern "C" fn on_closed(handle: *mut c_void) {
 /// must have no open handle, so every socket watch is closed now.
 unsafe extern "C" fn close_all(hook: sys::napi_async_cleanup_hook_handle, _: *mut c_void) {
     let open = OPEN.with(|o| std::mem::take(&mut *o.borrow_mut()));
+    busy_poll::closed();
     if open.is_empty() {
         sys::napi_remove_async_cleanup_hook(hook);
         return;
@@ -366,6 +396,10 @@ unsafe fn ready(handle: *mut c_void, status: c_int, events: c_int) {
     } else {
         (events & UV_READABLE != 0, events & UV_WRITABLE != 0)
     };
+    if read && interest.awaiting {
+        interest.awaiting = false;
+        busy_poll::answered(std::mem::take(&mut interest.unanswered));
+    }
     let mut woke = write && interest.write_out();
     if let Some(w) = interest.readable.take().filter(|_| read) {
         w.wake();
@@ -420,6 +454,8 @@ impl EventLoop for UvLoop {
                 queued: false,
                 failed: None,
                 events: UV_READABLE,
+                awaiting: false,
+                unanswered: 0,
             }));
             *(handle as *mut *mut Interest) = interest;
             // A socket of ours never keeps the process alive.
