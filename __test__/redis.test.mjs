@@ -52,8 +52,9 @@ describe('RedisAdapter faults', () => {
     await (await locker.acquire('spin:warm', { ttl: 5000 })).release();
     redis.pause();
     try {
-      // One request sent alone, then a steady trickle: the loop may poll a little after each
-      // write while an answer could be near, but not for as long as answers stay away.
+      // One request sent right after an answer (which lets the loop poll for the next), then
+      // a steady trickle: the loop may poll a little after a write while an answer could be
+      // near, but not for as long as answers stay away.
       const pending = [locker.tryAcquire('spin:0', { ttl: 8000 }).catch((e) => e)];
       const before = process.cpuUsage();
       const started = performance.now();

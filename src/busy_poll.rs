@@ -4,11 +4,12 @@
 //! sleeps meanwhile must be woken, and on a virtual machine a halted vCPU takes longer to wake
 //! than the server takes to answer: a sequential Redis acquire-release pair cost about 200 us
 //! asleep and 70 us awake here. So after a socket writes, the loop polls for events without
-//! sleeping (an active libuv idle handle makes its wait return at once) for up to
-//! [`WINDOW`], and then sleeps as usual. It does not poll when many requests are out (under
-//! load the answers gathered while it sleeps are read in one batch, which a poll would break
-//! up), and a server that keeps answering after the window (a remote one) turns polling off
-//! for a growing number of requests.
+//! sleeping (an active libuv idle handle makes its wait return at once) for up to [`WINDOW`],
+//! and then sleeps as usual. Only a request written soon after an answer opens a window
+//! ([`HOT`]): after an idle spell the server sleeps too. It does not poll when many requests
+//! are out (under load the answers gathered while it sleeps are read in one batch, which a
+//! poll would break up), and a server that keeps answering after the window (a remote one)
+//! turns polling off for a growing number of requests.
 //!
 //! The cost is at most one window of CPU per request that waits on an idle loop.
 
@@ -24,6 +25,12 @@ extern "C" {
 
 /// How long the loop polls after a socket's first write since it was last readable.
 const WINDOW: Duration = Duration::from_micros(100);
+/// A write opens a window only this soon after the last answer: a request that follows an
+/// answer at once (a release after its acquire, the next step of a sequence) finds the server
+/// awake, while after an idle spell the server's vCPU must wake too, and a poll for its answer
+/// would mostly run out in vain. (Paced 1 ms apart, pairs took the same time either way,
+/// within this machine's noise.)
+const HOT: Duration = Duration::from_micros(200);
 /// With more than this written and unanswered, the loop sleeps as usual.
 const MAX_UNANSWERED_BYTES: usize = 1024;
 /// The most requests that sleep at once after polls in vain, before one polls again.
@@ -40,6 +47,8 @@ struct Poll {
     /// When the newest window began. A steady stream of writes to a slow server does not
     /// extend it: only a socket's first write since it was last readable starts one.
     window_start: Cell<Option<Instant>>,
+    /// When the last answer arrived.
+    last_answer: Cell<Option<Instant>>,
     /// Windows left to skip after polls in vain.
     skip: Cell<u32>,
     backoff: Cell<u32>,
@@ -52,6 +61,7 @@ thread_local! {
         awaiting: Cell::new(0),
         unanswered: Cell::new(0),
         window_start: Cell::new(None),
+        last_answer: Cell::new(None),
         skip: Cell::new(0),
         backoff: Cell::new(0),
     } };
@@ -78,10 +88,14 @@ pub fn wrote(first: bool, bytes: usize) {
             return;
         }
         p.awaiting.set(p.awaiting.get() + 1);
+        let now = Instant::now();
+        if p.last_answer.get().is_none_or(|t| now - t >= HOT) {
+            return;
+        }
         if p.skip.get() > 0 {
             p.skip.set(p.skip.get() - 1);
         } else {
-            p.window_start.set(Some(Instant::now()));
+            p.window_start.set(Some(now));
         }
     });
 }
@@ -89,6 +103,7 @@ pub fn wrote(first: bool, bytes: usize) {
 /// A socket that wrote `bytes` became readable (or was closed).
 pub fn answered(bytes: usize) {
     let _ = POLL.try_with(|p| {
+        p.last_answer.set(Some(Instant::now()));
         p.awaiting.set(p.awaiting.get() - 1);
         p.unanswered.set(p.unanswered.get() - bytes);
         if p.polling.get() {
