@@ -40,9 +40,8 @@ struct Poll {
     /// The loop's idle handle (unreferenced: it never keeps the process alive).
     idle: Cell<*mut c_void>,
     polling: Cell<bool>,
-    /// Sockets that wrote and have not become readable since.
-    awaiting: Cell<u32>,
-    /// What those sockets wrote since.
+    /// What sockets wrote since they were last readable (a write is never empty, so an answer
+    /// is awaited exactly while this is above 0).
     unanswered: Cell<usize>,
     /// When the newest window began. A steady stream of writes to a slow server does not
     /// extend it: only a socket's first write since it was last readable starts one.
@@ -58,7 +57,6 @@ thread_local! {
     static POLL: Poll = const { Poll {
         idle: Cell::new(ptr::null_mut()),
         polling: Cell::new(false),
-        awaiting: Cell::new(0),
         unanswered: Cell::new(0),
         window_start: Cell::new(None),
         last_answer: Cell::new(None),
@@ -87,7 +85,6 @@ pub fn wrote(first: bool, bytes: usize) {
         if !first {
             return;
         }
-        p.awaiting.set(p.awaiting.get() + 1);
         let now = Instant::now();
         if p.last_answer.get().is_none_or(|t| now - t >= HOT) {
             return;
@@ -104,7 +101,6 @@ pub fn wrote(first: bool, bytes: usize) {
 pub fn answered(bytes: usize) {
     let _ = POLL.try_with(|p| {
         p.last_answer.set(Some(Instant::now()));
-        p.awaiting.set(p.awaiting.get() - 1);
         p.unanswered.set(p.unanswered.get() - bytes);
         if p.polling.get() {
             p.backoff.set(0);
@@ -120,9 +116,10 @@ pub fn before_wait() {
         if idle.is_null() {
             return;
         }
-        let awaiting = p.awaiting.get() > 0;
+        let unanswered = p.unanswered.get();
+        let awaiting = unanswered > 0;
         let in_window = p.window_start.get().is_some_and(|t| t.elapsed() < WINDOW);
-        let poll = awaiting && in_window && p.unanswered.get() <= MAX_UNANSWERED_BYTES;
+        let poll = awaiting && in_window && unanswered <= MAX_UNANSWERED_BYTES;
         if poll == p.polling.get() {
             return;
         }

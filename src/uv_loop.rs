@@ -142,39 +142,31 @@ unsafe fn new_handle() -> std::io::Result<*mut c_void> {
     Ok(handle)
 }
 
-/// Starts the prepare handle that writes queued bytes before each wait for events.
-unsafe fn start_flushing(lp: *mut c_void) -> napi::Result<()> {
+/// A new handle of the loop, initialised by `init` and unreferenced (none of ours keeps the
+/// process alive), kept in `OPEN` to be closed with the loop.
+unsafe fn open_handle(
+    lp: *mut c_void,
+    init: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+    kind: &str,
+) -> napi::Result<*mut c_void> {
     let handle = new_handle().map_err(|e| napi::Error::from_reason(e.to_string()))?;
-    if uv_prepare_init(lp, handle) != 0 {
+    if init(lp, handle) != 0 {
         dealloc(handle.cast(), handle_layout());
-        return Err(napi::Error::from_reason(
-            "could not start a libuv prepare handle",
-        ));
+        return Err(napi::Error::from_reason(format!(
+            "could not start a libuv {kind} handle"
+        )));
     }
     uv_unref(handle);
-    uv_prepare_start(handle, send_all);
     OPEN.with(|o| o.borrow_mut().push(handle as usize));
+    Ok(handle)
+}
+
+/// Starts the prepare handle that writes queued bytes before each wait for events.
+unsafe fn start_flushing(lp: *mut c_void) -> napi::Result<()> {
+    uv_prepare_start(open_handle(lp, uv_prepare_init, "prepare")?, send_all);
     // The check handle runs right after the wait for events: from then on the loop works.
-    let check = new_handle().map_err(|e| napi::Error::from_reason(e.to_string()))?;
-    if uv_check_init(lp, check) != 0 {
-        dealloc(check.cast(), handle_layout());
-        return Err(napi::Error::from_reason(
-            "could not start a libuv check handle",
-        ));
-    }
-    uv_unref(check);
-    uv_check_start(check, after_wait);
-    OPEN.with(|o| o.borrow_mut().push(check as usize));
-    let idle = new_handle().map_err(|e| napi::Error::from_reason(e.to_string()))?;
-    if uv_idle_init(lp, idle) != 0 {
-        dealloc(idle.cast(), handle_layout());
-        return Err(napi::Error::from_reason(
-            "could not start a libuv idle handle",
-        ));
-    }
-    uv_unref(idle);
-    OPEN.with(|o| o.borrow_mut().push(idle as usize));
-    busy_poll::started(idle);
+    uv_check_start(open_handle(lp, uv_check_init, "check")?, after_wait);
+    busy_poll::started(open_handle(lp, uv_idle_init, "idle")?);
     Ok(())
 }
 
@@ -227,8 +219,6 @@ struct Interest {
     failed: Option<(std::io::ErrorKind, String)>,
     /// The events libuv watches now.
     events: c_int,
-    /// Wrote since it was last readable.
-    awaiting: bool,
     /// Bytes written since it was last readable.
     unanswered: usize,
 }
@@ -250,10 +240,8 @@ impl Interest {
             match written {
                 Ok(n) => {
                     sent += n;
-                    let first = !self.awaiting;
-                    self.awaiting = true;
+                    busy_poll::wrote(self.unanswered == 0, n);
                     self.unanswered += n;
-                    busy_poll::wrote(first, n);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -329,7 +317,7 @@ impl Drop for UvWatch {
             .unwrap_or(false);
         let _ = UNSENT.try_with(|u| u.borrow_mut().retain(|i| *i != self.interest));
         let interest = unsafe { &*self.interest };
-        if interest.awaiting {
+        if interest.unanswered > 0 {
             busy_poll::answered(interest.unanswered);
         }
         unsafe {
@@ -396,8 +384,7 @@ unsafe fn ready(handle: *mut c_void, status: c_int, events: c_int) {
     } else {
         (events & UV_READABLE != 0, events & UV_WRITABLE != 0)
     };
-    if read && interest.awaiting {
-        interest.awaiting = false;
+    if read && interest.unanswered > 0 {
         busy_poll::answered(std::mem::take(&mut interest.unanswered));
     }
     let mut woke = write && interest.write_out();
@@ -454,7 +441,6 @@ impl EventLoop for UvLoop {
                 queued: false,
                 failed: None,
                 events: UV_READABLE,
-                awaiting: false,
                 unanswered: 0,
             }));
             *(handle as *mut *mut Interest) = interest;
