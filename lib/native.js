@@ -249,10 +249,54 @@ function resumeEngine() {
   native.runPending();
 }
 
-// Where `fast.lockEnd` writes a forgotten lock's held time, fence and ttl.
-const endValues = new Float64Array(3);
+// Numbers the fast calls hand back beside their answer (src/fast.rs): slots 0-2 hold a
+// forgotten lock's held time, fence and ttl (`fast.lockEnd`); from slot 3 on, a count and the
+// (opId, value) pairs of operations that finished within a fast call, which `settleDeferred`
+// settles when it returns.
+const DEFERRED_AT = 3;
+const DEFERRED_MAX = 32;
+const endValues = new Float64Array(DEFERRED_AT + 1 + 2 * DEFERRED_MAX);
+
+/**
+ * Settles the operations that finished within the fast call that just returned. Copied out
+ * first: a settle may run code that makes another fast call, which writes the slots anew.
+ */
+function settleDeferred() {
+  const count = endValues[DEFERRED_AT];
+  if (count === 0) return;
+  if (count === 1) {
+    const opId = endValues[DEFERRED_AT + 1];
+    const value = endValues[DEFERRED_AT + 2];
+    endValues[DEFERRED_AT] = 0;
+    hub.settle(opId, value, false);
+    return;
+  }
+  const pairs = endValues.slice(DEFERRED_AT + 1, DEFERRED_AT + 1 + 2 * count);
+  endValues[DEFERRED_AT] = 0;
+  for (let i = 0; i < pairs.length; i += 2) hub.settle(pairs[i], pairs[i + 1], false);
+}
 // The calls every lock makes, as raw functions (src/fast.rs): acquireTtl, release, lockEnd.
-const fast = native.init(hub, () => {}, endValues);
+// The first two may finish other operations (a release hands the key to a waiter): those are
+// settled as each returns.
+const rawFast = native.init(hub, () => {}, endValues);
+const fast = {
+  realm: rawFast.realm,
+  lockEnd: rawFast.lockEnd,
+  acquireTtl(lockerId, mode, key, ttl, opId) {
+    try {
+      return rawFast.acquireTtl(lockerId, mode, key, ttl, opId);
+    } finally {
+      settleDeferred();
+    }
+  },
+  release(lockId, finalAttempt, opId) {
+    try {
+      return rawFast.release(lockId, finalAttempt, opId);
+    } finally {
+      settleDeferred();
+    }
+  },
+};
 // This load's ids start at realm * 2^40, so that a second load of the facade in the same
 // environment (a cleared require cache) never takes this one's ids.
 const idBase = fast.realm * 2 ** 40;

@@ -240,6 +240,8 @@ impl Executor {
             let Some(id) = next else { break };
             let task = self.tasks.borrow_mut().remove(&id);
             if let Some(fut) = task {
+                // Each task reads the clock afresh: a drain may run for its whole budget.
+                locco_core::fresh_reading();
                 self.poll_task(id, fut);
             }
         }

@@ -10,12 +10,18 @@ use napi::sys;
 
 use crate::ops::{self, Raw};
 
-/// A facade's Float64Array that its `lockEnd` writes a forgotten lock's numbers into; one per
-/// load of the facade, handed to `lockEnd` as its callback data.
+/// A facade's Float64Array of numbers the fast calls hand back beside their answer; one per
+/// load of the facade, handed to the functions as their callback data. Slots 0-2: a forgotten
+/// lock's held time, fence and ttl (`lockEnd`); slot 3 and on: the operations that finished
+/// within a call (see [`ops::deferring`]).
 struct EndValues {
     data: *mut f64,
     len: usize,
+    realm: u32,
 }
+
+/// Where the deferred answers start in the array: a count, then (opId, value) pairs.
+const DEFERRED_AT: usize = 3;
 
 /// The functions, as an object `{ acquireTtl, release, lockEnd, realm }`, after keeping
 /// `end_values` (a Float64Array the facade owns for good).
@@ -48,9 +54,15 @@ pub fn functions(
             sys::napi_create_reference(env, end_values, 1, &mut keep),
             "keep the facade's array",
         )?;
+        if length < DEFERRED_AT + 1 {
+            return Err(napi::Error::from_reason(
+                "init: endValues must have room for the deferred answers",
+            ));
+        }
         let end = Box::into_raw(Box::new(EndValues {
             data: data.cast(),
             len: length,
+            realm,
         }));
 
         let mut object = ptr::null_mut();
@@ -83,14 +95,6 @@ pub fn functions(
         sys::napi_set_named_property(env, object, c"realm".as_ptr(), realm_value);
         Ok(object)
     }
-}
-
-/// Up to `N` arguments; missing ones are `undefined`.
-unsafe fn args<const N: usize>(
-    env: sys::napi_env,
-    info: sys::napi_callback_info,
-) -> [sys::napi_value; N] {
-    args_and_data(env, info).0
 }
 
 /// Up to `N` arguments (missing ones `undefined`) and the function's callback data.
@@ -151,14 +155,16 @@ unsafe extern "C" fn acquire_ttl(
     info: sys::napi_callback_info,
 ) -> sys::napi_value {
     guarded(env, || {
-        let [locker, mode, key, ttl, op] = args::<5>(env, info);
+        let ([locker, mode, key, ttl, op], end) = args_and_data::<5>(env, info);
         let key = match crate::text::read(env, key) {
             Ok(key) => key,
             Err(bad) => return ops::fail(bad.error("key")).0,
         };
         let locker = number(env, locker);
         let mode = number(env, mode) as u32;
-        crate::locker::acquire_ttl(locker, mode, key, number(env, ttl), number(env, op)).0
+        deferring(end, || {
+            crate::locker::acquire_ttl(locker, mode, key, number(env, ttl), number(env, op)).0
+        })
     })
 }
 
@@ -167,24 +173,45 @@ unsafe extern "C" fn acquire_ttl(
 unsafe extern "C" fn release(env: sys::napi_env, info: sys::napi_callback_info) -> sys::napi_value {
     guarded(env, || {
         let ([lock, final_attempt, op], end) = args_and_data::<3>(env, info);
-        crate::lock::release(
-            number(env, lock),
-            boolean(env, final_attempt),
-            number(env, op),
-            end_values(end),
-        )
-        .0
+        deferring(end, || {
+            crate::lock::release(
+                number(env, lock),
+                boolean(env, final_attempt),
+                number(env, op),
+                end_values(end),
+            )
+            .0
+        })
     })
 }
 
-/// The facade's array behind a function's callback data.
+/// Runs `call` with the numeric answers of operations that finish within it written into the
+/// facade's array, which the facade reads when the call returns: a hand-off on release then
+/// makes no call into JavaScript.
+///
+/// # Safety
+/// As for [`end_values`].
+unsafe fn deferring(
+    end: *mut std::ffi::c_void,
+    call: impl FnOnce() -> sys::napi_value,
+) -> sys::napi_value {
+    match (end as *const EndValues).as_ref() {
+        Some(e) if !e.data.is_null() => {
+            ops::deferring(e.realm, e.data.add(DEFERRED_AT), e.len - DEFERRED_AT, call)
+        }
+        _ => call(),
+    }
+}
+
+/// The end-value slots of the facade's array behind a function's callback data (apart from
+/// the deferred answers, which are written through their own pointer meanwhile).
 ///
 /// # Safety
 /// `end` is this facade's record (never freed), and its Float64Array, kept alive by a
 /// reference, has `len` slots.
 unsafe fn end_values<'a>(end: *mut std::ffi::c_void) -> &'a mut [f64] {
     match (end as *const EndValues).as_ref() {
-        Some(e) if !e.data.is_null() => std::slice::from_raw_parts_mut(e.data, e.len),
+        Some(e) if !e.data.is_null() => std::slice::from_raw_parts_mut(e.data, DEFERRED_AT),
         _ => &mut [][..],
     }
 }

@@ -146,6 +146,8 @@ pub fn call_in(
     else {
         return Err(ptr::null_mut());
     };
+    // JavaScript may take any time: a clock reading shared before the call is stale after it.
+    locco_core::fresh_reading();
     unsafe {
         let mut func = ptr::null_mut();
         if sys::napi_get_reference_value(env, func_ref, &mut func) != sys::Status::napi_ok
@@ -156,6 +158,8 @@ pub fn call_in(
         let mut out = ptr::null_mut();
         let status =
             sys::napi_call_function(env, undefined(), func, args.len(), args.as_ptr(), &mut out);
+        // Nor is one taken during the call (JavaScript may have called the engine) fresh now.
+        locco_core::fresh_reading();
         if status == sys::Status::napi_ok {
             return Ok(out);
         }

@@ -153,7 +153,13 @@ pub fn start(op_id: f64, fut: GuardedOp) -> Option<Result<Answer, Error>> {
     // The facade that started the operation hears of its end (see `hub::realm_of`).
     let realm = hub::realm_of(op_id);
     let settle = move |r| {
-        let (value, is_error) = match flatten(r) {
+        let r = flatten(r);
+        if let Ok(Answer::Number(n)) = r {
+            if defer(realm, op_id, n) {
+                return;
+            }
+        }
+        let (value, is_error) = match r {
             Ok(a) => (a.to_js(), false),
             Err(e) => (hub::error_value_in(realm, &e), true),
         };
@@ -163,11 +169,66 @@ pub fn start(op_id: f64, fut: GuardedOp) -> Option<Result<Answer, Error>> {
             &[hub::num(op_id), value, hub::boolean(is_error)],
         );
     };
-    let done = executor::EXECUTOR.with(|e| e.run_now(fut, settle));
-    // Tasks this call woke (a waiter handed the key on release) run before it returns; one of
-    // them may be this operation, which then settles before the facade waits: it keeps that.
-    executor::drain();
-    done.map(flatten)
+    // The call reads the clocks once (a hand-off reads them about ten times otherwise).
+    locco_core::one_reading(|| {
+        let done = executor::EXECUTOR.with(|e| e.run_now(fut, settle));
+        // Tasks this call woke (a waiter handed the key on release) run before it returns; one
+        // of them may be this operation, which then settles before the facade waits: it keeps
+        // that.
+        executor::drain();
+        done.map(flatten)
+    })
+}
+
+/// Where a fast call from facade `realm` collects the numeric answers of operations that
+/// finish within it: a count, then (opId, value) pairs.
+#[derive(Clone, Copy)]
+struct Deferral {
+    realm: u32,
+    slots: *mut f64,
+    len: usize,
+}
+
+thread_local! {
+    static DEFERRAL: Cell<Option<Deferral>> = const { Cell::new(None) };
+}
+
+/// Runs `call` (a call from facade `realm`) with the numeric answers of operations that finish
+/// within it written into `slots` (a count, then pairs) rather than settled through
+/// JavaScript: the facade settles them when the call returns. What does not fit, and any
+/// other answer, settles as usual.
+///
+/// # Safety
+/// `slots` points at `len` numbers that stay alive, and that nothing else reads or writes,
+/// until `call` returns.
+pub unsafe fn deferring<R>(realm: u32, slots: *mut f64, len: usize, call: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Deferral>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DEFERRAL.with(|d| d.set(self.0));
+        }
+    }
+    let here = Deferral { realm, slots, len };
+    let _restore = Restore(DEFERRAL.with(|d| d.replace(Some(here))));
+    call()
+}
+
+/// Writes `op_id`'s answer `value` into the open deferral of `realm`; false when there is none
+/// or it is full.
+fn defer(realm: u32, op_id: f64, value: f64) -> bool {
+    let Some(d) = DEFERRAL.with(Cell::get).filter(|d| d.realm == realm) else {
+        return false;
+    };
+    // SAFETY: as `deferring` requires, while the call that opened it runs.
+    let slots = unsafe { std::slice::from_raw_parts_mut(d.slots, d.len) };
+    let count = slots[0] as usize;
+    if 1 + 2 * (count + 1) > slots.len() {
+        return false;
+    }
+    slots[1 + 2 * count] = op_id;
+    slots[2 + 2 * count] = value;
+    slots[0] = (count + 1) as f64;
+    true
 }
 
 /// The rest of [`run`]: what JavaScript receives for what [`start`] answered.

@@ -18,6 +18,13 @@ struct Entry {
     expires_at: f64,
 }
 
+/// Whether two waiter ids are the same. Ids share a long prefix and differ in their serial
+/// number at the end, so the end is compared first: the queue is scanned for an id on every
+/// join.
+fn same_waiter(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().rev().eq(b.bytes().rev())
+}
+
 impl Entry {
     /// Whether `token` holds this entry with its lease still running at `now`.
     fn held_by(&self, token: &str, now: f64) -> bool {
@@ -206,7 +213,7 @@ impl MemoryBackend {
         // The head is compared in place: cloning it cost an allocation per hand-off.
         let our_turn = self.live_queue(key, now, |queue| match queue.front() {
             None => true,
-            Some(head) if Some(head.waiter.as_str()) == waiter => {
+            Some(head) if waiter.is_some_and(|w| same_waiter(&head.waiter, w)) => {
                 queue.pop_front();
                 true
             }
@@ -380,7 +387,10 @@ impl Queue for MemoryBackend {
             queues.insert(key.to_owned(), VecDeque::new());
         }
         let queue = queues.get_mut(key).expect("just made");
-        match queue.iter_mut().position(|p| p.waiter == waiter) {
+        match queue
+            .iter_mut()
+            .position(|p| same_waiter(&p.waiter, waiter))
+        {
             Some(i) => queue[i].expires_at = expires_at,
             None => queue.push_back(Place {
                 waiter: waiter.to_owned(),
@@ -388,7 +398,9 @@ impl Queue for MemoryBackend {
                 wake: self.slot_for(waiter),
             }),
         }
-        let at_head = queue.front().is_some_and(|p| p.waiter == waiter);
+        let at_head = queue
+            .front()
+            .is_some_and(|p| same_waiter(&p.waiter, waiter));
         drop(queues);
         let retry_in = at_head
             .then(|| self.live_until(key, now).map(|end| end - now))
@@ -402,8 +414,10 @@ impl Queue for MemoryBackend {
             let Some(queue) = queues.get_mut(key) else {
                 return Op::ready(Ok(()));
             };
-            let was_head = queue.front().is_some_and(|p| p.waiter == waiter);
-            queue.retain(|p| p.waiter != waiter);
+            let was_head = queue
+                .front()
+                .is_some_and(|p| same_waiter(&p.waiter, waiter));
+            queue.retain(|p| !same_waiter(&p.waiter, waiter));
             if queue.is_empty() {
                 queues.remove(key);
             }
@@ -418,7 +432,7 @@ impl Queue for MemoryBackend {
     fn wakeups(&self, key: &str, waiter: &str) -> Box<dyn Waiter> {
         let placed = self.queues.borrow().get(key).and_then(|q| {
             q.iter()
-                .find(|p| p.waiter == waiter)
+                .find(|p| same_waiter(&p.waiter, waiter))
                 .map(|p| p.wake.clone())
         });
         let wake = placed.unwrap_or_else(|| {

@@ -65,11 +65,58 @@ pub fn monotonic_ms() -> f64 {
 
 impl TimeSource for SystemSource {
     fn monotonic(&self) -> f64 {
-        monotonic_ms()
+        shared_reading().0
     }
     fn wall(&self) -> f64 {
-        coarse_wall_ms()
+        shared_reading().1
     }
+}
+
+thread_local! {
+    /// How many [`one_reading`] scopes are open on this thread, and the reading they share.
+    static SCOPES: Cell<u32> = const { Cell::new(0) };
+    static READING: Cell<Option<(f64, f64)>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with the process's clocks read at most once: every reading of [`SystemSource`] and
+/// [`MonotonicClock`] in it answers the first one's (monotonic, wall) pair, until
+/// [`fresh_reading`]. For one synchronous call from JavaScript, which reads the clock about
+/// ten times within microseconds; a reading is reused only while nothing but the engine has
+/// run, so it is never older than the call. Lease starts read so are earlier, the safe side.
+pub fn one_reading<R>(f: impl FnOnce() -> R) -> R {
+    struct Close;
+    impl Drop for Close {
+        fn drop(&mut self) {
+            let open = SCOPES.with(|s| {
+                s.set(s.get() - 1);
+                s.get()
+            });
+            if open == 0 {
+                READING.with(|r| r.set(None));
+            }
+        }
+    }
+    SCOPES.with(|s| s.set(s.get() + 1));
+    let _close = Close;
+    f()
+}
+
+/// Forgets the shared reading of the open [`one_reading`] scope: code outside the engine
+/// (JavaScript) is about to run, and may take any time.
+pub fn fresh_reading() {
+    READING.with(|r| r.set(None));
+}
+
+/// (monotonic, wall): the scope's shared reading, or a new one.
+fn shared_reading() -> (f64, f64) {
+    if let Some(reading) = READING.with(Cell::get) {
+        return reading;
+    }
+    let reading = (monotonic_ms(), coarse_wall_ms());
+    if SCOPES.with(Cell::get) > 0 {
+        READING.with(|r| r.set(Some(reading)));
+    }
+    reading
 }
 
 /// The wall clock at the kernel tick's resolution (a few ms): plenty to see a pause of more
@@ -151,7 +198,7 @@ pub struct MonotonicClock;
 
 impl Clock for MonotonicClock {
     fn now(&self) -> f64 {
-        monotonic_ms()
+        shared_reading().0
     }
 }
 

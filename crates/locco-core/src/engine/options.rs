@@ -163,10 +163,11 @@ pub fn validate_key(key: &str) -> Result<()> {
 pub fn random_token() -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let bytes = rand::random::<[u8; 16]>();
-    let mut out = String::with_capacity(32);
-    for b in bytes {
-        out.push(HEX[(b >> 4) as usize] as char);
-        out.push(HEX[(b & 15) as usize] as char);
+    // Into bytes first: pushing chars checks each one's UTF-8 length.
+    let mut out = [0u8; 32];
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[(b >> 4) as usize];
+        pair[1] = HEX[(b & 15) as usize];
     }
-    out
+    String::from(std::str::from_utf8(&out).expect("hex digits are ASCII"))
 }
