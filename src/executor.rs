@@ -16,15 +16,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
-use std::time::{Duration, Instant};
 
 use locco_core::{IdMap, LocalFuture};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 
 type WakeFn = ThreadsafeFunction<(), (), (), napi::Status, false, true>;
 
-/// The longest one drain polls before it lets the event loop run.
-const DRAIN_BUDGET: Duration = Duration::from_millis(4);
+/// The longest (ms) one drain polls before it lets the event loop run.
+const DRAIN_BUDGET_MS: f64 = 4.0;
 
 /// The part of the executor other threads may touch.
 pub struct Remote {
@@ -207,17 +206,18 @@ impl Executor {
             return;
         }
         // Read only once there is work: most drains (after a call that woke nobody) find none.
-        // Looked at only from the second poll on: before the first one no time has passed, and
-        // a hand-off (one poll) then reads the clock once.
-        let mut started: Option<Instant> = None;
+        // Read as the engine reads it: a hand-off within a call from JavaScript (one poll)
+        // then costs no reading of its own.
+        let mut started: Option<f64> = None;
+        let mut polled = false;
         loop {
             if !self.ready.borrow().is_empty() {
                 match started {
-                    None => started = Some(Instant::now()),
+                    None => started = Some(locco_core::monotonic_reading()),
                     // Through setImmediate, not the threadsafe function: Node runs the queued
                     // calls of that one in a single turn, which would not let the loop run.
                     Some(at)
-                        if at.elapsed() >= DRAIN_BUDGET
+                        if locco_core::monotonic_reading() - at >= DRAIN_BUDGET_MS
                             && crate::hub::call(crate::hub::Fn_::Resume, &[]).is_ok() =>
                     {
                         self.behind.set(true);
@@ -240,8 +240,11 @@ impl Executor {
             let Some(id) = next else { break };
             let task = self.tasks.borrow_mut().remove(&id);
             if let Some(fut) = task {
-                // Each task reads the clock afresh: a drain may run for its whole budget.
-                locco_core::fresh_reading();
+                // Each task after the first reads the clock afresh: a drain may run for its
+                // whole budget. (The first runs right after the reading it shares.)
+                if std::mem::replace(&mut polled, true) {
+                    locco_core::fresh_reading();
+                }
                 self.poll_task(id, fut);
             }
         }

@@ -38,7 +38,7 @@ pub use backend::{
     extend_each, unsupported, Backend, Coordination, KeyInfo, Op, Queue, Queued, Renewal, Waiter,
 };
 pub use engine::clock::{
-    fresh_reading, monotonic_ms, one_reading, Clock, LeaseClock, MonotonicClock, SystemSource,
+    fresh_reading, monotonic_ms, monotonic_reading, one_reading, Clock, LeaseClock, MonotonicClock, SystemSource,
     TimeSource,
 };
 pub use engine::error::{BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result};

@@ -107,6 +107,12 @@ pub fn fresh_reading() {
     READING.with(|r| r.set(None));
 }
 
+/// The monotonic clock in ms, read as [`MonotonicClock`] reads it: within a [`one_reading`]
+/// scope, its shared reading.
+pub fn monotonic_reading() -> f64 {
+    shared_reading().0
+}
+
 /// (monotonic, wall): the scope's shared reading, or a new one.
 fn shared_reading() -> (f64, f64) {
     if let Some(reading) = READING.with(Cell::get) {

@@ -230,11 +230,12 @@ pub struct LocalTimer(Rc<LocalTimerState>);
 struct LocalTimerState {
     base: Rc<dyn Timer>,
     spawner: Rc<dyn crate::engine::task::Spawn>,
-    entries: RefCell<std::collections::BTreeMap<(Instant, u64), Waker>>,
+    /// Sleeps by (deadline in monotonic microseconds, serial number).
+    entries: RefCell<std::collections::BTreeMap<(u64, u64), Waker>>,
     next_id: Cell<u64>,
     driving: Cell<bool>,
     /// The deadline the driver sleeps until, and its waker, to wake it for an earlier one.
-    armed: RefCell<Option<(Instant, Waker)>>,
+    armed: RefCell<Option<(u64, Waker)>>,
 }
 
 impl LocalTimer {
@@ -254,7 +255,7 @@ impl Timer for LocalTimer {
     fn sleep(&self, ms: f64) -> Sleep {
         let ms = if ms.is_finite() { ms.max(0.0) } else { 1e12 };
         Box::pin(LocalSleep {
-            at: Instant::now() + Duration::from_micros((ms * 1000.0) as u64),
+            at: now_us() + (ms * 1000.0) as u64,
             id: None,
             // A sleep made for a positive time cannot be over at its first poll, which
             // follows at once: that poll need not read the clock again.
@@ -265,7 +266,7 @@ impl Timer for LocalTimer {
 }
 
 struct LocalSleep {
-    at: Instant,
+    at: u64,
     id: Option<u64>,
     fresh: bool,
     state: Rc<LocalTimerState>,
@@ -274,7 +275,7 @@ struct LocalSleep {
 impl Future for LocalSleep {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if !std::mem::take(&mut self.fresh) && Instant::now() >= self.at {
+        if !std::mem::take(&mut self.fresh) && now_us() >= self.at {
             if let Some(id) = self.id.take() {
                 self.state.entries.borrow_mut().remove(&(self.at, id));
             }
@@ -317,10 +318,16 @@ impl Drop for LocalSleep {
     }
 }
 
+/// The monotonic clock in microseconds, as the engine's clocks read it (one reading shared
+/// within a call from JavaScript, see [`crate::one_reading`]).
+fn now_us() -> u64 {
+    (crate::engine::clock::monotonic_reading() * 1000.0) as u64
+}
+
 /// Wakes due sleeps, then sleeps on the base timer until the earliest one left.
 async fn drive(state: Rc<LocalTimerState>) {
     loop {
-        let now = Instant::now();
+        let now = now_us();
         let due: Vec<Waker> = {
             let mut entries = state.entries.borrow_mut();
             let later = entries.split_off(&(now, u64::MAX));
@@ -335,9 +342,7 @@ async fn drive(state: Rc<LocalTimerState>) {
             *state.armed.borrow_mut() = None;
             return;
         };
-        let wait = state
-            .base
-            .sleep(at.saturating_duration_since(now).as_secs_f64() * 1000.0);
+        let wait = state.base.sleep(at.saturating_sub(now) as f64 / 1000.0);
         let earlier = std::future::poll_fn(|cx| {
             let head = state.entries.borrow().keys().next().map(|(a, _)| *a);
             if head.is_some_and(|h| h < at) {
