@@ -73,7 +73,8 @@ impl Remote {
 }
 
 pub struct Executor {
-    tasks: RefCell<IdMap<u64, LocalFuture<()>>>,
+    /// Pending tasks, each with the waker it was last polled with (made once per task).
+    tasks: RefCell<IdMap<u64, (LocalFuture<()>, Waker)>>,
     ready: RefCell<VecDeque<u64>>,
     next_id: Cell<u64>,
     draining: Cell<bool>,
@@ -134,7 +135,7 @@ impl Executor {
         }
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        self.poll_task(id, fut);
+        self.poll_task(id, fut, self.waker(id));
     }
 
     /// Polls `fut` once now and answers its output if it is ready. Otherwise it goes on as a
@@ -156,8 +157,8 @@ impl Executor {
         };
         let waker = Waker::from(task_waker.clone());
         let polled = fut.as_mut().poll(&mut Context::from_waker(&waker));
-        drop(waker);
         if let Poll::Ready(v) = polled {
+            drop(waker);
             // Nobody kept a clone, so no wake can ever name this id: it may serve again.
             if Arc::strong_count(&task_waker) == 1 {
                 *self.spare.borrow_mut() = Some((id, task_waker));
@@ -168,7 +169,7 @@ impl Executor {
             return None;
         }
         let task: LocalFuture<()> = Box::pin(async move { on_done(fut.await) });
-        self.tasks.borrow_mut().insert(id, task);
+        self.tasks.borrow_mut().insert(id, (task, waker));
         None
     }
 
@@ -183,14 +184,13 @@ impl Executor {
         Waker::from(self.task_waker(id))
     }
 
-    fn poll_task(&self, id: u64, mut fut: LocalFuture<()>) {
-        let waker = self.waker(id);
+    fn poll_task(&self, id: u64, mut fut: LocalFuture<()>, waker: Waker) {
         let mut cx = Context::from_waker(&waker);
         // A panic inside the engine ends this task only; its caller hears of it through the
         // `Guarded` wrapper of the operation.
         match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
             Ok(Poll::Pending) if !self.closed.get() => {
-                self.tasks.borrow_mut().insert(id, fut);
+                self.tasks.borrow_mut().insert(id, (fut, waker));
             }
             Ok(Poll::Pending) => {}
             Ok(Poll::Ready(())) | Err(_) => {}
@@ -239,13 +239,13 @@ impl Executor {
             let next = self.ready.borrow_mut().pop_front();
             let Some(id) = next else { break };
             let task = self.tasks.borrow_mut().remove(&id);
-            if let Some(fut) = task {
+            if let Some((fut, waker)) = task {
                 // Each task after the first reads the clock afresh: a drain may run for its
                 // whole budget. (The first runs right after the reading it shares.)
                 if std::mem::replace(&mut polled, true) {
                     locco_core::fresh_reading();
                 }
-                self.poll_task(id, fut);
+                self.poll_task(id, fut, waker);
             }
         }
         self.draining.set(false);
