@@ -44,6 +44,22 @@ describe('keys are read exactly', () => {
         await b.release();
       });
 
+      // A short key is read in one call into a buffer of 256 units; one that fills it is read
+      // again whole, a surrogate pair cut at the buffer's end included.
+      it('keys around the read buffer (255 to 257 units, a pair across its end) are read whole', async () => {
+        const locker = new Locker({ adapter: make(), retry: { retries: 0 } });
+        for (const stem of ['k'.repeat(254), 'k'.repeat(255), 'k'.repeat(256), 'k'.repeat(255) + '😀']) {
+          const a = await locker.acquire(`${stem}a`, { ttl: 10_000 });
+          const b = await locker.tryAcquire(`${stem}b`, { ttl: 10_000 });
+          assert.ok(b, `the second key of ${stem.length + 1} units is free`);
+          assert.equal(a.key, `${stem}a`);
+          assert.equal(b.key, `${stem}b`);
+          assert.equal(await locker.tryAcquire(`${stem}a`, { ttl: 10_000 }), null, 'the first key is held');
+          await a.release();
+          await b.release();
+        }
+      });
+
       it('the same on the full path (with a signal) and in acquireMany', async () => {
         const locker = new Locker({ adapter: make(), retry: { retries: 0 } });
         const signal = new AbortController().signal;

@@ -163,20 +163,27 @@ async function withCallerFrames(promise) {
   }
 }
 
+// The resolving functions of the promise `settlement` just made: caught by one executor for
+// all, rather than by a closure made per operation.
+let madeResolve;
+let madeReject;
+function capture(resolve, reject) {
+  madeResolve = resolve;
+  madeReject = reject;
+}
+
 function settlement(opId, map, operation, key) {
-  return new Promise((resolve, reject) => {
-    waiting.set(opId, { resolve, reject, map, operation, key });
-    const settled = early.get(opId);
-    if (settled !== undefined) {
-      early.delete(opId);
-      hub.settle(opId, settled[0], settled[1]);
-      return;
-    }
-    if (waiting.size === 1) {
-      keepAlive ??= setInterval(() => {}, 2 ** 30);
-      keepAlive.ref();
-    }
-  });
+  const promise = new Promise(capture);
+  waiting.set(opId, { resolve: madeResolve, reject: madeReject, map, operation, key });
+  const settled = early.get(opId);
+  if (settled !== undefined) {
+    early.delete(opId);
+    hub.settle(opId, settled[0], settled[1]);
+  } else if (waiting.size === 1) {
+    keepAlive ??= setInterval(() => {}, 2 ** 30);
+    keepAlive.ref();
+  }
+  return promise;
 }
 
 const hub = {

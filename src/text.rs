@@ -49,35 +49,40 @@ fn decode(units: &[u16]) -> Result<String, Bad> {
     Ok(out)
 }
 
-/// Reads a JavaScript string exactly: its length first, then every unit.
+/// Reads a JavaScript string exactly: a short one (nearly every key) in one call into a stack
+/// buffer, a longer one after asking its length.
 ///
 /// # Safety
 /// `env` and `v` must be live handles of the current call.
 pub unsafe fn read(env: sys::napi_env, v: sys::napi_value) -> Result<String, Bad> {
+    // N-API writes at most the buffer's length less one unit, then a NUL: a string that filled
+    // `STACK` units may have been cut short, and is read again whole.
+    const STACK: usize = 256;
+    let mut small = std::mem::MaybeUninit::<[u16; STACK + 1]>::uninit();
+    let start = small.as_mut_ptr().cast::<u16>();
+    let mut written = 0usize;
+    if sys::napi_get_value_string_utf16(env, v, start, STACK + 1, &mut written)
+        != sys::Status::napi_ok
+    {
+        return Err(Bad::NotString);
+    }
+    if written < STACK {
+        // SAFETY: N-API wrote the first `written` units.
+        return decode(std::slice::from_raw_parts(start, written));
+    }
     let mut len = 0usize;
     if sys::napi_get_value_string_utf16(env, v, ptr::null_mut(), 0, &mut len)
         != sys::Status::napi_ok
     {
         return Err(Bad::NotString);
     }
-    // Keys are short: a stack buffer avoids an allocation for nearly all of them. N-API writes
-    // a terminating NUL, hence one unit more than the length.
-    const STACK: usize = 256;
-    let mut small = [0u16; STACK + 1];
-    let mut large = Vec::new();
-    let buf: &mut [u16] = if len <= STACK {
-        &mut small[..len + 1]
-    } else {
-        large.resize(len + 1, 0);
-        &mut large
-    };
-    let mut written = 0usize;
+    let mut large = vec![0u16; len + 1];
     let status =
-        sys::napi_get_value_string_utf16(env, v, buf.as_mut_ptr(), buf.len(), &mut written);
+        sys::napi_get_value_string_utf16(env, v, large.as_mut_ptr(), large.len(), &mut written);
     if status != sys::Status::napi_ok || written != len {
         return Err(Bad::NotString);
     }
-    decode(&buf[..len])
+    decode(&large[..len])
 }
 
 /// A string argument of a `#[napi]` export, read with [`read`]; the export names the field

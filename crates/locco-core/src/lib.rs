@@ -38,8 +38,8 @@ pub use backend::{
     extend_each, unsupported, Backend, Coordination, KeyInfo, Op, Queue, Queued, Renewal, Waiter,
 };
 pub use engine::clock::{
-    fresh_reading, monotonic_ms, monotonic_reading, one_reading, Clock, LeaseClock, MonotonicClock, SystemSource,
-    TimeSource,
+    fresh_reading, monotonic_ms, monotonic_reading, one_reading, Clock, LeaseClock, MonotonicClock,
+    SystemSource, TimeSource,
 };
 pub use engine::error::{BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result};
 pub use engine::event_loop::{EventLoop, LoopActivity, SocketWatch, LOOP_ACTIVITY};
