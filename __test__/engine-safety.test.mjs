@@ -130,6 +130,27 @@ describe('honest failures', () => {
   });
 });
 
+describe('one clock reading per call', () => {
+  // Within one call from JavaScript the engine reuses its first clock reading, but not across
+  // code outside the engine: an adapter that answers synchronously after its lease ran out must
+  // still be found late, not taken for a lock.
+  it('a grant answered synchronously after the lease ended is late, not a lock', async () => {
+    class SlowMap extends MapAdapter {
+      acquire(input) {
+        const until = performance.now() + 80;
+        while (performance.now() < until);
+        this.entries.set(input.key, { token: input.token, expiresAt: this.now() + input.ttl });
+        return true;
+      }
+    }
+    const adapter = new SlowMap();
+    const locker = new Locker({ adapter });
+    const err = await locker.tryAcquire('k', { ttl: 20 }).catch((e) => e);
+    assert.ok(err instanceof LockHeldError, String(err));
+    assert.equal(err.reason, 'late-acquire');
+  });
+});
+
 describe('the injected clock', () => {
   for (const [name, value] of [
     ['NaN', NaN],
