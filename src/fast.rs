@@ -14,7 +14,7 @@ use crate::ops::{self, Raw};
 /// load of the facade, handed to the functions as their callback data. Slots 0-2: a forgotten
 /// lock's held time, fence and ttl (`lockEnd`); slot 3 and on: the operations that finished
 /// within a call (see [`ops::deferring`]).
-struct EndValues {
+struct FacadeNumbers {
     data: *mut f64,
     len: usize,
     realm: u32,
@@ -42,9 +42,12 @@ pub fn functions(
             ptr::null_mut(),
             ptr::null_mut(),
         );
-        if status != sys::Status::napi_ok || kind != sys::TypedarrayType::float64_array {
+        if status != sys::Status::napi_ok
+            || kind != sys::TypedarrayType::float64_array
+            || length < DEFERRED_AT + 1
+        {
             return Err(napi::Error::from_reason(
-                "init: endValues must be a Float64Array",
+                "init: endValues must be a Float64Array with room for the deferred answers",
             ));
         }
         // The array lives as long as the facade; a reference keeps it even so, and the small
@@ -54,12 +57,7 @@ pub fn functions(
             sys::napi_create_reference(env, end_values, 1, &mut keep),
             "keep the facade's array",
         )?;
-        if length < DEFERRED_AT + 1 {
-            return Err(napi::Error::from_reason(
-                "init: endValues must have room for the deferred answers",
-            ));
-        }
-        let end = Box::into_raw(Box::new(EndValues {
+        let end = Box::into_raw(Box::new(FacadeNumbers {
             data: data.cast(),
             len: length,
             realm,
@@ -195,7 +193,7 @@ unsafe fn deferring(
     end: *mut std::ffi::c_void,
     call: impl FnOnce() -> sys::napi_value,
 ) -> sys::napi_value {
-    match (end as *const EndValues).as_ref() {
+    match (end as *const FacadeNumbers).as_ref() {
         Some(e) if !e.data.is_null() => {
             ops::deferring(e.realm, e.data.add(DEFERRED_AT), e.len - DEFERRED_AT, call)
         }
@@ -210,7 +208,7 @@ unsafe fn deferring(
 /// `end` is this facade's record (never freed), and its Float64Array, kept alive by a
 /// reference, has `len` slots.
 unsafe fn end_values<'a>(end: *mut std::ffi::c_void) -> &'a mut [f64] {
-    match (end as *const EndValues).as_ref() {
+    match (end as *const FacadeNumbers).as_ref() {
         Some(e) if !e.data.is_null() => std::slice::from_raw_parts_mut(e.data, DEFERRED_AT),
         _ => &mut [][..],
     }

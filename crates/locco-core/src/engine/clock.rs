@@ -65,7 +65,7 @@ pub fn monotonic_ms() -> f64 {
 
 impl TimeSource for SystemSource {
     fn monotonic(&self) -> f64 {
-        shared_reading().0
+        monotonic_reading()
     }
     fn wall(&self) -> f64 {
         shared_reading().1
@@ -204,7 +204,7 @@ pub struct MonotonicClock;
 
 impl Clock for MonotonicClock {
     fn now(&self) -> f64 {
-        shared_reading().0
+        monotonic_reading()
     }
 }
 
