@@ -161,17 +161,19 @@ pub fn validate_key(key: &str) -> Result<()> {
 
 /// 16 random bytes as 32 hex digits.
 pub fn random_token() -> String {
+    use rand::RngCore;
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bytes = rand::random::<[u8; 16]>();
-    // Into bytes first: pushing chars checks each one's UTF-8 length.
-    let mut out = Vec::with_capacity(32);
-    for b in bytes {
-        out.push(HEX[(b >> 4) as usize]);
-        out.push(HEX[(b & 15) as usize]);
+    // Filled in one call: drawing a `[u8; 16]` draws a word per byte.
+    let mut bytes = [0u8; 16];
+    rand::rng().fill_bytes(&mut bytes);
+    let mut out = [0u8; 32];
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[(b >> 4) as usize];
+        pair[1] = HEX[(b & 15) as usize];
     }
     // SAFETY: every byte is one of HEX's ASCII digits. (Checking them cost a third as much as
     // drawing the random bytes, on every acquisition.)
-    unsafe { String::from_utf8_unchecked(out) }
+    unsafe { String::from_utf8_unchecked(out.to_vec()) }
 }
 
 #[cfg(test)]
