@@ -198,7 +198,8 @@ impl MemoryBackend {
     }
 
     /// A grant for `key`, when it is free and `waiter` may take it: nobody waits, or it is
-    /// the head of the queue (then it leaves the queue).
+    /// the head of the queue (then it leaves the queue). The key is looked up once: a
+    /// hand-off makes three grants, and each lookup hashes the key.
     fn grant_in_turn(
         &self,
         key: &str,
@@ -207,7 +208,9 @@ impl MemoryBackend {
         waiter: Option<&str>,
         now: f64,
     ) -> bool {
-        if self.live_until(key, now).is_some() {
+        let mut entries = self.entries.borrow_mut();
+        let entry = entries.get_mut(key);
+        if entry.as_ref().is_some_and(|e| e.expires_at > now) {
             return false;
         }
         // The head is compared in place: cloning it cost an allocation per hand-off.
@@ -222,26 +225,14 @@ impl MemoryBackend {
         if our_turn == Some(false) {
             return false;
         }
-        self.grant(key, token, ttl, now)
-    }
-
-    fn fence_next(&self, key: &str) -> u64 {
-        let mut fences = self.fences.borrow_mut();
-        let fence = fences.entry(key.to_owned()).or_insert(0);
-        *fence += 1;
-        *fence
-    }
-
-    fn grant(&self, key: &str, token: &str, ttl: u32, now: f64) -> bool {
         let expires_at = now + ttl as f64;
-        let mut entries = self.entries.borrow_mut();
-        match entries.get_mut(key) {
-            Some(e) if e.expires_at > now => false,
+        match entry {
+            // An entry whose lease ended (or that a release left for the next waiter) is
+            // refilled: no new key or token is allocated.
             Some(e) => {
                 e.token.clear();
                 e.token.push_str(token);
                 e.expires_at = expires_at;
-                true
             }
             None => {
                 let entry = Entry {
@@ -249,9 +240,16 @@ impl MemoryBackend {
                     expires_at,
                 };
                 entries.insert(key.to_owned(), entry);
-                true
             }
         }
+        true
+    }
+
+    fn fence_next(&self, key: &str) -> u64 {
+        let mut fences = self.fences.borrow_mut();
+        let fence = fences.entry(key.to_owned()).or_insert(0);
+        *fence += 1;
+        *fence
     }
 
     /// What an operator sees of `key` at `now`.
@@ -289,18 +287,25 @@ impl Backend for MemoryBackend {
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
         let now = self.clock.now();
-        let ours = {
-            let mut entries = self.entries.borrow_mut();
-            let ours = entries.get(key).is_some_and(|e| e.held_by(token, now));
-            if ours {
-                entries.remove(key);
-            }
-            ours
+        let mut entries = self.entries.borrow_mut();
+        let Some(entry) = entries.get_mut(key).filter(|e| e.held_by(token, now)) else {
+            return Op::ready(Ok(false));
         };
-        if ours {
-            self.wake_head_at(key, now);
+        // The key is free: the live head of its queue, if anybody waits, hears it.
+        let head = self.head(key, now);
+        if head.is_some() {
+            // That waiter's grant refills this entry rather than allocate the key and the
+            // token again.
+            entry.expires_at = f64::NEG_INFINITY;
+        } else {
+            entries.remove(key);
         }
-        Op::ready(Ok(ours))
+        drop(entries);
+        // Woken outside the borrows: a waker may reach back into the backend.
+        if let Some(head) = head {
+            head.wake();
+        }
+        Op::ready(Ok(true))
     }
 
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
@@ -516,6 +521,30 @@ mod tests {
         assert_eq!(join(&b, "w1"), Queued::Granted(None));
         assert!(ready(b.release("k", "w1")));
         assert!(woken(&mut w2));
+    }
+
+    #[test]
+    fn a_key_released_while_others_wait_is_free_and_its_old_token_gone() {
+        let (b, _) = backend();
+        assert!(ready(b.acquire("k", "holder", 1_000)));
+        join(&b, "w1");
+        assert!(ready(b.release("k", "holder")));
+        let info = ready(b.inspect("k"));
+        assert!(!info.held && info.ttl_left.is_none());
+        assert!(ready(b.list("", 10)).is_empty());
+        assert!(!ready(b.is_held("k", "holder")));
+        assert!(!ready(b.release("k", "holder")), "released once only");
+        assert!(
+            !ready(b.acquire("k", "late", 1_000)),
+            "the key is the waiter's turn"
+        );
+        assert_eq!(join(&b, "w1"), Queued::Granted(None));
+        assert!(ready(b.is_held("k", "w1")));
+        assert!(ready(b.release("k", "w1")));
+        assert!(
+            ready(b.acquire("k", "next", 1_000)),
+            "nobody waits: free to all"
+        );
     }
 
     #[test]
