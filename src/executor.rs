@@ -18,6 +18,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
 
 use locco_core::{IdMap, LocalFuture};
+
+use crate::ops;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 
 type WakeFn = ThreadsafeFunction<(), (), (), napi::Status, false, true>;
@@ -72,9 +74,16 @@ impl Remote {
     }
 }
 
+/// What a task runs: background work, or an operation whose output settles it for JavaScript.
+enum Task {
+    Background(LocalFuture<()>),
+    Op(ops::GuardedOp, ops::Settle),
+}
+
 pub struct Executor {
-    /// Pending tasks, each with the waker it was last polled with (made once per task).
-    tasks: RefCell<IdMap<u64, (LocalFuture<()>, Waker)>>,
+    /// Pending tasks, each with its waker (made once per task) and the waker's own handle,
+    /// which a finished task hands to the next operation when nobody else kept it.
+    tasks: RefCell<IdMap<u64, (Task, Waker, Arc<TaskWaker>)>>,
     ready: RefCell<VecDeque<u64>>,
     next_id: Cell<u64>,
     draining: Cell<bool>,
@@ -135,42 +144,51 @@ impl Executor {
         }
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        self.poll_task(id, fut, self.waker(id));
+        let task_waker = self.task_waker(id);
+        let waker = Waker::from(task_waker.clone());
+        self.poll_task(id, Task::Background(fut), waker, task_waker);
     }
 
-    /// Polls `fut` once now and answers its output if it is ready. Otherwise it goes on as a
-    /// task and `on_done` receives the output. The common case (an in-memory operation) thus
-    /// allocates the future once and never enters the task table.
-    pub fn run_now<T: 'static>(
-        &self,
-        mut fut: Pin<Box<dyn Future<Output = T>>>,
-        on_done: impl FnOnce(T) + 'static,
-    ) -> Option<T> {
-        let spare = self.spare.borrow_mut().take();
-        let (id, task_waker) = match spare {
-            Some(pair) => pair,
-            None => {
-                let id = self.next_id.get();
-                self.next_id.set(id + 1);
-                (id, self.task_waker(id))
-            }
-        };
+    /// Polls operation `fut` once now and answers its output if it is ready. Otherwise it goes
+    /// on as a task, and `then` settles it with its output. The common case (an in-memory
+    /// operation) thus allocates the future once and never enters the task table.
+    pub fn run_now(&self, mut fut: ops::GuardedOp, then: ops::Settle) -> Option<ops::OpOutput> {
+        let (id, task_waker) = self.take_spare();
         let waker = Waker::from(task_waker.clone());
         let polled = fut.as_mut().poll(&mut Context::from_waker(&waker));
         if let Poll::Ready(v) = polled {
             drop(waker);
-            // Nobody kept a clone, so no wake can ever name this id: it may serve again.
-            if Arc::strong_count(&task_waker) == 1 {
-                *self.spare.borrow_mut() = Some((id, task_waker));
-            }
+            self.keep_spare(id, task_waker);
             return Some(v);
         }
         if self.closed.get() {
             return None;
         }
-        let task: LocalFuture<()> = Box::pin(async move { on_done(fut.await) });
-        self.tasks.borrow_mut().insert(id, (task, waker));
+        self.tasks
+            .borrow_mut()
+            .insert(id, (Task::Op(fut, then), waker, task_waker));
         None
+    }
+
+    /// An id and waker for a new operation: the spare one, when there is one.
+    fn take_spare(&self) -> (u64, Arc<TaskWaker>) {
+        let spare = self.spare.borrow_mut().take();
+        spare.unwrap_or_else(|| {
+            let id = self.next_id.get();
+            self.next_id.set(id + 1);
+            (id, self.task_waker(id))
+        })
+    }
+
+    /// Keeps the waker of a finished task for the next operation, when nobody kept a clone
+    /// (so no wake can ever name its id again).
+    fn keep_spare(&self, id: u64, task_waker: Arc<TaskWaker>) {
+        if Arc::strong_count(&task_waker) == 1 {
+            let mut spare = self.spare.borrow_mut();
+            if spare.is_none() {
+                *spare = Some((id, task_waker));
+            }
+        }
     }
 
     fn task_waker(&self, id: u64) -> Arc<TaskWaker> {
@@ -180,20 +198,29 @@ impl Executor {
         })
     }
 
-    fn waker(&self, id: u64) -> Waker {
-        Waker::from(self.task_waker(id))
-    }
-
-    fn poll_task(&self, id: u64, mut fut: LocalFuture<()>, waker: Waker) {
+    fn poll_task(&self, id: u64, mut task: Task, waker: Waker, task_waker: Arc<TaskWaker>) {
         let mut cx = Context::from_waker(&waker);
         // A panic inside the engine ends this task only; its caller hears of it through the
         // `Guarded` wrapper of the operation.
-        match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
+        let polled = catch_unwind(AssertUnwindSafe(|| match &mut task {
+            Task::Background(fut) => fut.as_mut().poll(&mut cx).map(|()| None),
+            Task::Op(fut, _) => fut.as_mut().poll(&mut cx).map(Some),
+        }));
+        match polled {
             Ok(Poll::Pending) if !self.closed.get() => {
-                self.tasks.borrow_mut().insert(id, (fut, waker));
+                self.tasks
+                    .borrow_mut()
+                    .insert(id, (task, waker, task_waker));
             }
             Ok(Poll::Pending) => {}
-            Ok(Poll::Ready(())) | Err(_) => {}
+            Ok(Poll::Ready(output)) => {
+                drop(waker);
+                self.keep_spare(id, task_waker);
+                if let (Task::Op(_, then), Some(output)) = (task, output) {
+                    then.settle(output);
+                }
+            }
+            Err(_) => {}
         }
     }
 
@@ -239,13 +266,13 @@ impl Executor {
             let next = self.ready.borrow_mut().pop_front();
             let Some(id) = next else { break };
             let task = self.tasks.borrow_mut().remove(&id);
-            if let Some((fut, waker)) = task {
+            if let Some((task, waker, task_waker)) = task {
                 // Each task after the first reads the clock afresh: a drain may run for its
                 // whole budget. (The first runs right after the reading it shares.)
                 if std::mem::replace(&mut polled, true) {
                     locco_core::fresh_reading();
                 }
-                self.poll_task(id, fut, waker);
+                self.poll_task(id, task, waker, task_waker);
             }
         }
         self.draining.set(false);

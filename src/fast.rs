@@ -223,7 +223,7 @@ unsafe extern "C" fn lock_end(
     guarded(env, || {
         let ([lock], end) = args_and_data::<1>(env, info);
         let answer: Raw = match crate::lock::lock_end(number(env, lock), end_values(end)) {
-            Some(token) => Raw(crate::hub::string(&token)),
+            Some(token) => Raw(token),
             None => Raw(crate::hub::null()),
         };
         answer.0

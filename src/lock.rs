@@ -123,7 +123,7 @@ pub fn release(lock_id: f64, final_attempt: bool, op_id: f64, out: &mut [f64]) -
         );
         if let Some(Ok(Answer::Bool(true))) = done {
             if let Some(token) = lock_end(lock_id, out) {
-                return Raw(crate::hub::string(&token));
+                return Raw(token);
             }
         }
         ops::finish(done)
@@ -158,8 +158,8 @@ pub fn lock_key(lock_id: f64) -> Option<String> {
 
 /// Forgets a cleanly released lock (released, never lost), so the facade answers for it from
 /// then on: writes its held time, fence (NaN for none) and ttl into `out` and answers its
-/// token. Any other lock stays, and the answer is `None` (see `fast`).
-pub fn lock_end(lock_id: f64, out: &mut [f64]) -> Option<String> {
+/// token, as a JavaScript string. Any other lock stays, and the answer is `None` (see `fast`).
+pub fn lock_end(lock_id: f64, out: &mut [f64]) -> Option<napi::sys::napi_value> {
     let l =
         lock(lock_id).filter(|l| l.state() == LockState::Released && l.lost_reason().is_none())?;
     let values = [
@@ -168,6 +168,7 @@ pub fn lock_end(lock_id: f64, out: &mut [f64]) -> Option<String> {
         l.ttl() as f64,
     ];
     out.get_mut(..values.len())?.copy_from_slice(&values);
+    let token = crate::hub::string(l.token());
     REG.with(|r| r.borrow_mut().locks.remove(&(lock_id as u64)));
-    Some(l.token().to_string())
+    Some(token)
 }

@@ -120,7 +120,7 @@ pub fn fail(err: Error) -> Raw {
     Raw(hub::num(FAILED))
 }
 
-fn flatten(r: Result<Result<Answer, Error>, String>) -> Result<Answer, Error> {
+fn flatten(r: OpOutput) -> Result<Answer, Error> {
     r.unwrap_or_else(|panic| {
         Err(Error::Internal(format!(
             "panic in the lock engine: {panic}"
@@ -129,7 +129,7 @@ fn flatten(r: Result<Result<Answer, Error>, String>) -> Result<Answer, Error> {
 }
 
 /// An operation's future in the one box it is polled from, with its panic guard.
-pub type GuardedOp = Pin<Box<dyn Future<Output = Result<Result<Answer, Error>, String>>>>;
+pub type GuardedOp = Pin<Box<dyn Future<Output = OpOutput>>>;
 
 /// Boxes `fut` as a [`GuardedOp`]. A caller that boxes its future anyway (to choose among
 /// several) boxes it so, rather than box a box.
@@ -147,13 +147,20 @@ pub fn run_guarded(op_id: f64, fut: GuardedOp) -> Raw {
     finish(start(op_id, fut))
 }
 
-/// The first part of [`run`]: the answer when the operation finished within the call, `None`
-/// when it goes on (and settles `op_id` later).
-pub fn start(op_id: f64, fut: GuardedOp) -> Option<Result<Answer, Error>> {
-    // The facade that started the operation hears of its end (see `hub::realm_of`).
-    let realm = hub::realm_of(op_id);
-    let settle = move |r| {
-        let r = flatten(r);
+/// What an operation's future ends with: its answer, or the message of a panic inside it.
+pub type OpOutput = Result<Result<Answer, Error>, String>;
+
+/// Settles an operation that went on after the call that started it: facade `realm` (the one
+/// that started it, see `hub::realm_of`) hears of its end.
+pub struct Settle {
+    realm: u32,
+    op_id: f64,
+}
+
+impl Settle {
+    pub fn settle(self, output: OpOutput) {
+        let Settle { realm, op_id } = self;
+        let r = flatten(output);
         if let Ok(Answer::Number(n)) = r {
             if defer(realm, op_id, n) {
                 return;
@@ -168,6 +175,15 @@ pub fn start(op_id: f64, fut: GuardedOp) -> Option<Result<Answer, Error>> {
             Fn_::Settle,
             &[hub::num(op_id), value, hub::boolean(is_error)],
         );
+    }
+}
+
+/// The first part of [`run`]: the answer when the operation finished within the call, `None`
+/// when it goes on (and settles `op_id` later).
+pub fn start(op_id: f64, fut: GuardedOp) -> Option<Result<Answer, Error>> {
+    let settle = Settle {
+        realm: hub::realm_of(op_id),
+        op_id,
     };
     // The call reads the clocks once (a hand-off reads them about ten times otherwise).
     locco_core::one_reading(|| {
