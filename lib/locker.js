@@ -241,7 +241,8 @@ class Lock {
   /** `token`: given when the engine has already forgotten the lock (its numbers in endValues). */
   _afterRelease(deleted, token) {
     if (this._released === undefined) this._released = deleted;
-    lossHandlers.delete(this._id);
+    // Most locks never had their signal read: no lookup for them.
+    if (lossHandlers.size !== 0) lossHandlers.delete(this._id);
     if (this._end === undefined) this._forget(token);
     return deleted;
   }

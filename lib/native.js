@@ -175,7 +175,7 @@ function capture(resolve, reject) {
 function settlement(opId, map, operation, key) {
   const promise = new Promise(capture);
   waiting.set(opId, { resolve: madeResolve, reject: madeReject, map, operation, key });
-  const settled = early.get(opId);
+  const settled = early.size === 0 ? undefined : early.get(opId);
   if (settled !== undefined) {
     early.delete(opId);
     hub.settle(opId, settled[0], settled[1]);
