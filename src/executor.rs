@@ -18,9 +18,9 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
 
 use locco_core::{IdMap, LocalFuture};
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 
 use crate::ops;
-use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 
 type WakeFn = ThreadsafeFunction<(), (), (), napi::Status, false, true>;
 
@@ -217,7 +217,8 @@ impl Executor {
                 drop(waker);
                 self.keep_spare(id, task_waker);
                 if let (Task::Op(_, then), Some(output)) = (task, output) {
-                    then.settle(output);
+                    // Settling calls into JavaScript: a panic there ends this task only, too.
+                    let _ = catch_unwind(AssertUnwindSafe(|| then.settle(output)));
                 }
             }
             Err(_) => {}
