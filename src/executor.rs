@@ -80,10 +80,16 @@ enum Task {
     Op(ops::GuardedOp, ops::Settle),
 }
 
+/// A task waiting to be woken, with its waker (made once per task) and the waker's own handle,
+/// which a finished task hands to the next operation when nobody else kept it.
+struct Pending {
+    task: Task,
+    waker: Waker,
+    handle: Arc<TaskWaker>,
+}
+
 pub struct Executor {
-    /// Pending tasks, each with its waker (made once per task) and the waker's own handle,
-    /// which a finished task hands to the next operation when nobody else kept it.
-    tasks: RefCell<IdMap<u64, (Task, Waker, Arc<TaskWaker>)>>,
+    tasks: RefCell<IdMap<u64, Pending>>,
     ready: RefCell<VecDeque<u64>>,
     next_id: Cell<u64>,
     draining: Cell<bool>,
@@ -144,9 +150,17 @@ impl Executor {
         }
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        let task_waker = self.task_waker(id);
-        let waker = Waker::from(task_waker.clone());
-        self.poll_task(id, Task::Background(fut), waker, task_waker);
+        let handle = self.task_waker(id);
+        let waker = Waker::from(handle.clone());
+        let task = Task::Background(fut);
+        self.poll_task(
+            id,
+            Pending {
+                task,
+                waker,
+                handle,
+            },
+        );
     }
 
     /// Polls operation `fut` once now and answers its output if it is ready. Otherwise it goes
@@ -164,9 +178,12 @@ impl Executor {
         if self.closed.get() {
             return None;
         }
-        self.tasks
-            .borrow_mut()
-            .insert(id, (Task::Op(fut, then), waker, task_waker));
+        let pending = Pending {
+            task: Task::Op(fut, then),
+            waker,
+            handle: task_waker,
+        };
+        self.tasks.borrow_mut().insert(id, pending);
         None
     }
 
@@ -198,24 +215,27 @@ impl Executor {
         })
     }
 
-    fn poll_task(&self, id: u64, mut task: Task, waker: Waker, task_waker: Arc<TaskWaker>) {
-        let mut cx = Context::from_waker(&waker);
+    fn poll_task(&self, id: u64, mut pending: Pending) {
+        let mut cx = Context::from_waker(&pending.waker);
         // A panic inside the engine ends this task only; its caller hears of it through the
         // `Guarded` wrapper of the operation.
-        let polled = catch_unwind(AssertUnwindSafe(|| match &mut task {
+        let polled = catch_unwind(AssertUnwindSafe(|| match &mut pending.task {
             Task::Background(fut) => fut.as_mut().poll(&mut cx).map(|()| None),
             Task::Op(fut, _) => fut.as_mut().poll(&mut cx).map(Some),
         }));
         match polled {
             Ok(Poll::Pending) if !self.closed.get() => {
-                self.tasks
-                    .borrow_mut()
-                    .insert(id, (task, waker, task_waker));
+                self.tasks.borrow_mut().insert(id, pending);
             }
             Ok(Poll::Pending) => {}
             Ok(Poll::Ready(output)) => {
+                let Pending {
+                    task,
+                    waker,
+                    handle,
+                } = pending;
                 drop(waker);
-                self.keep_spare(id, task_waker);
+                self.keep_spare(id, handle);
                 if let (Task::Op(_, then), Some(output)) = (task, output) {
                     // Settling calls into JavaScript: a panic there ends this task only, too.
                     let _ = catch_unwind(AssertUnwindSafe(|| then.settle(output)));
@@ -267,13 +287,13 @@ impl Executor {
             let next = self.ready.borrow_mut().pop_front();
             let Some(id) = next else { break };
             let task = self.tasks.borrow_mut().remove(&id);
-            if let Some((task, waker, task_waker)) = task {
+            if let Some(pending) = task {
                 // Each task after the first reads the clock afresh: a drain may run for its
                 // whole budget. (The first runs right after the reading it shares.)
                 if std::mem::replace(&mut polled, true) {
                     locco_core::fresh_reading();
                 }
-                self.poll_task(id, task, waker, task_waker);
+                self.poll_task(id, pending);
             }
         }
         self.draining.set(false);
