@@ -97,8 +97,8 @@ pub struct Executor {
     behind: Cell<bool>,
     /// Set by `teardown`: nothing runs or is kept from then on.
     closed: Cell<bool>,
-    /// A waker that an operation finished at its first poll never handed out: the next
-    /// `run_now` takes it (and its unused id) instead of allocating one.
+    /// The waker of a finished task that nobody kept a clone of: the next task takes it (and
+    /// its id, which no wake can name any more) instead of allocating one.
     spare: RefCell<Option<(u64, Arc<TaskWaker>)>>,
     remote: Arc<Remote>,
 }
@@ -148,9 +148,7 @@ impl Executor {
         if self.closed.get() {
             return;
         }
-        let id = self.next_id.get();
-        self.next_id.set(id + 1);
-        let handle = self.task_waker(id);
+        let (id, handle) = self.take_spare();
         let waker = Waker::from(handle.clone());
         let task = Task::Background(fut);
         self.poll_task(
@@ -187,7 +185,7 @@ impl Executor {
         None
     }
 
-    /// An id and waker for a new operation: the spare one, when there is one.
+    /// An id and waker for a new task: the spare one, when there is one.
     fn take_spare(&self) -> (u64, Arc<TaskWaker>) {
         let spare = self.spare.borrow_mut().take();
         spare.unwrap_or_else(|| {
@@ -197,8 +195,8 @@ impl Executor {
         })
     }
 
-    /// Keeps the waker of a finished task for the next operation, when nobody kept a clone
-    /// (so no wake can ever name its id again).
+    /// Keeps the waker of a finished task for the next one, when nobody kept a clone (so no
+    /// wake can ever name its id again).
     fn keep_spare(&self, id: u64, task_waker: Arc<TaskWaker>) {
         if Arc::strong_count(&task_waker) == 1 {
             let mut spare = self.spare.borrow_mut();

@@ -26,9 +26,15 @@ fn same_waiter(a: &str, b: &str) -> bool {
 }
 
 impl Entry {
+    /// Whether its lease still runs at `now` (a released entry kept for the next waiter's
+    /// grant never does).
+    fn live(&self, now: f64) -> bool {
+        self.expires_at > now
+    }
+
     /// Whether `token` holds this entry with its lease still running at `now`.
     fn held_by(&self, token: &str, now: f64) -> bool {
-        self.token == token && self.expires_at > now
+        self.token == token && self.live(now)
     }
 }
 
@@ -117,7 +123,7 @@ impl MemoryBackend {
     pub fn len(&self) -> usize {
         let now = self.clock.now();
         let entries = self.entries.borrow();
-        entries.values().filter(|e| e.expires_at > now).count()
+        entries.values().filter(|e| e.live(now)).count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -193,8 +199,8 @@ impl MemoryBackend {
         let entries = self.entries.borrow();
         entries
             .get(key)
+            .filter(|e| e.live(now))
             .map(|e| e.expires_at)
-            .filter(|at| *at > now)
     }
 
     /// A grant for `key`, when it is free and `waiter` may take it: nobody waits, or it is
@@ -210,7 +216,7 @@ impl MemoryBackend {
     ) -> bool {
         let mut entries = self.entries.borrow_mut();
         let entry = entries.get_mut(key);
-        if entry.as_ref().is_some_and(|e| e.expires_at > now) {
+        if entry.as_ref().is_some_and(|e| e.live(now)) {
             return false;
         }
         // The head is compared in place: cloning it cost an allocation per hand-off.
@@ -254,7 +260,7 @@ impl MemoryBackend {
 
     /// What an operator sees of `key` at `now`.
     fn info(&self, key: &str, entry: Option<&Entry>, now: f64) -> KeyInfo {
-        let live = entry.filter(|e| e.expires_at > now);
+        let live = entry.filter(|e| e.live(now));
         KeyInfo {
             key: key.to_owned(),
             held: live.is_some(),
@@ -347,7 +353,7 @@ impl Backend for MemoryBackend {
         let entries = self.entries.borrow();
         let mut keys: Vec<&String> = entries
             .iter()
-            .filter(|(k, e)| k.starts_with(prefix) && e.expires_at > now)
+            .filter(|(k, e)| k.starts_with(prefix) && e.live(now))
             .map(|(k, _)| k)
             .collect();
         keys.sort();
@@ -362,7 +368,7 @@ impl Backend for MemoryBackend {
     fn force_release(&self, key: &str) -> Op<bool> {
         let now = self.clock.now();
         let removed = self.entries.borrow_mut().remove(key);
-        let live = removed.is_some_and(|e| e.expires_at > now);
+        let live = removed.is_some_and(|e| e.live(now));
         if live {
             self.wake_head_at(key, now);
         }
@@ -455,7 +461,7 @@ impl Coordination for MemoryBackend {
     fn peek(&self, key: &str) -> Op<Option<String>> {
         let now = self.clock.now();
         let entries = self.entries.borrow();
-        let live = entries.get(key).filter(|e| e.expires_at > now);
+        let live = entries.get(key).filter(|e| e.live(now));
         Op::ready(Ok(live.map(|e| e.token.clone())))
     }
 
