@@ -1,0 +1,119 @@
+//! A profiling aid, not a benchmark with a floor: the in-memory contended hand-off of
+//! `bench/memory.mjs` (8 workers, one key, every acquisition waits for the previous holder),
+//! run by the engine alone on a single-threaded executor, without Node.js or the binding.
+//! It shows what the engine's part of a hand-off costs, and builds in seconds, so a change to
+//! the acquisition path can be profiled without a release build of the addon:
+//!
+//!     cargo run --release -p locco-core --example contended
+//!     perf record -g target/release/examples/contended
+//!
+//! Unlike the addon, which shares one clock reading per call from JavaScript, every reading
+//! here asks the system: expect the clock to take a large share of a profile.
+
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Instant;
+
+use futures_executor::LocalPool;
+use futures_util::task::LocalSpawnExt;
+use locco_core::{
+    AcquireOptions, Delay, LocalFuture, Locker, LockerOptions, MemoryBackend, RetryPolicy, Runtime,
+    Spawn,
+};
+
+const WORKERS: usize = 8;
+const ACQUISITIONS: u32 = 300_000;
+const ROUNDS: usize = 5;
+
+struct Spawner(futures_executor::LocalSpawner);
+
+impl Spawn for Spawner {
+    fn spawn(&self, task: LocalFuture<()>) {
+        self.0.spawn_local(task).expect("the pool runs");
+    }
+}
+
+/// Lets the other tasks run once, as an `await` of a settled promise does in JavaScript.
+async fn yield_once() {
+    let mut yielded = false;
+    poll_fn(|cx| {
+        if std::mem::replace(&mut yielded, true) {
+            return Poll::Ready(());
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
+/// Statistics of one round: hand-offs per second, and how many acquisitions changed owner.
+struct Round {
+    per_second: f64,
+    changed: u32,
+}
+
+fn round(pool: &mut LocalPool, locker: &Rc<Locker>) -> Round {
+    let options = AcquireOptions::new(30_000).with_retry(RetryPolicy {
+        retries: None,
+        delay: Delay::Fixed(1000.0),
+        timeout: None,
+    });
+    let done = Rc::new(Cell::new(0u32));
+    let changed = Rc::new(Cell::new(0u32));
+    let last = Rc::new(Cell::new(usize::MAX));
+    let finished = Rc::new(Cell::new(None::<Instant>));
+    let started = Instant::now();
+    for worker in 0..WORKERS {
+        let (locker, options) = (locker.clone(), options.clone());
+        let (done, changed, last, finished) = (
+            done.clone(),
+            changed.clone(),
+            last.clone(),
+            finished.clone(),
+        );
+        pool.spawner()
+            .spawn_local(async move {
+                while done.get() < ACQUISITIONS {
+                    let lock = locker.acquire("contended", options.clone(), None).await;
+                    let lock = lock.expect("acquired");
+                    done.set(done.get() + 1);
+                    if done.get() == ACQUISITIONS {
+                        finished.set(Some(Instant::now()));
+                    }
+                    if last.replace(worker) != worker {
+                        changed.set(changed.get() + 1);
+                    }
+                    // Held across a turn, so that the others queue behind it.
+                    yield_once().await;
+                    lock.release(true).await.expect("released");
+                    yield_once().await;
+                }
+            })
+            .expect("the pool runs");
+    }
+    // Runs until the timer's driver is done too: the round ends at the last acquisition.
+    pool.run();
+    let elapsed = finished.get().expect("a last acquisition") - started;
+    Round {
+        per_second: f64::from(ACQUISITIONS) / elapsed.as_secs_f64(),
+        changed: changed.get(),
+    }
+}
+
+fn main() {
+    let mut pool = LocalPool::new();
+    let runtime = Runtime::system(Rc::new(Spawner(pool.spawner())));
+    let backend = Rc::new(MemoryBackend::default());
+    let locker = Rc::new(Locker::new(backend, runtime, LockerOptions::default()).expect("locker"));
+    for n in 1..=ROUNDS {
+        let r = round(&mut pool, &locker);
+        println!(
+            "round {n}: {:.0} hand-offs/s ({:.0} ns each), owner changed {:.1}%",
+            r.per_second,
+            1e9 / r.per_second,
+            f64::from(r.changed) * 100.0 / f64::from(ACQUISITIONS)
+        );
+    }
+}
