@@ -7,20 +7,21 @@
 //!     cargo run --release -p locco-core --example contended
 //!     perf record -g target/release/examples/contended
 //!
-//! Unlike the addon, which shares one clock reading per call from JavaScript, every reading
-//! here asks the system: expect the clock to take a large share of a profile.
+//! Each worker's step reads the clocks once, as the addon's calls from JavaScript do
+//! (`one_reading`); `EVERY_READING=1` asks the system at every reading instead.
 
 use std::cell::Cell;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::rc::Rc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use futures_executor::LocalPool;
 use futures_util::task::LocalSpawnExt;
 use locco_core::{
-    AcquireOptions, Delay, LocalFuture, Locker, LockerOptions, MemoryBackend, RetryPolicy, Runtime,
-    Spawn,
+    one_reading, AcquireOptions, Delay, LocalFuture, Locker, LockerOptions, MemoryBackend,
+    RetryPolicy, Runtime, Spawn,
 };
 
 const WORKERS: usize = 8;
@@ -48,13 +49,23 @@ async fn yield_once() {
     .await
 }
 
+/// Polls its future with the clocks read at most once per poll.
+struct OneReading<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for OneReading<F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        one_reading(|| self.0.as_mut().poll(cx))
+    }
+}
+
 /// Statistics of one round: hand-offs per second, and how many acquisitions changed owner.
 struct Round {
     per_second: f64,
     changed: u32,
 }
 
-fn round(pool: &mut LocalPool, locker: &Rc<Locker>) -> Round {
+fn round(pool: &mut LocalPool, locker: &Rc<Locker>, every_reading: bool) -> Round {
     let options = AcquireOptions::new(30_000).with_retry(RetryPolicy {
         retries: None,
         delay: Delay::Fixed(1000.0),
@@ -73,25 +84,29 @@ fn round(pool: &mut LocalPool, locker: &Rc<Locker>) -> Round {
             last.clone(),
             finished.clone(),
         );
-        pool.spawner()
-            .spawn_local(async move {
-                while done.get() < ACQUISITIONS {
-                    let lock = locker.acquire("contended", options.clone(), None).await;
-                    let lock = lock.expect("acquired");
-                    done.set(done.get() + 1);
-                    if done.get() == ACQUISITIONS {
-                        finished.set(Some(Instant::now()));
-                    }
-                    if last.replace(worker) != worker {
-                        changed.set(changed.get() + 1);
-                    }
-                    // Held across a turn, so that the others queue behind it.
-                    yield_once().await;
-                    lock.release(true).await.expect("released");
-                    yield_once().await;
+        let work = async move {
+            while done.get() < ACQUISITIONS {
+                let lock = locker.acquire("contended", options.clone(), None).await;
+                let lock = lock.expect("acquired");
+                done.set(done.get() + 1);
+                if done.get() == ACQUISITIONS {
+                    finished.set(Some(Instant::now()));
                 }
-            })
-            .expect("the pool runs");
+                if last.replace(worker) != worker {
+                    changed.set(changed.get() + 1);
+                }
+                // Held across a turn, so that the others queue behind it.
+                yield_once().await;
+                lock.release(true).await.expect("released");
+                yield_once().await;
+            }
+        };
+        let spawned = if every_reading {
+            pool.spawner().spawn_local(work)
+        } else {
+            pool.spawner().spawn_local(OneReading(Box::pin(work)))
+        };
+        spawned.expect("the pool runs");
     }
     // Runs until the timer's driver is done too: the round ends at the last acquisition.
     pool.run();
@@ -107,8 +122,9 @@ fn main() {
     let runtime = Runtime::system(Rc::new(Spawner(pool.spawner())));
     let backend = Rc::new(MemoryBackend::default());
     let locker = Rc::new(Locker::new(backend, runtime, LockerOptions::default()).expect("locker"));
+    let every_reading = std::env::var_os("EVERY_READING").is_some_and(|v| v == "1");
     for n in 1..=ROUNDS {
-        let r = round(&mut pool, &locker);
+        let r = round(&mut pool, &locker, every_reading);
         println!(
             "round {n}: {:.0} hand-offs/s ({:.0} ns each), owner changed {:.1}%",
             r.per_second,
