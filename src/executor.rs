@@ -148,8 +148,7 @@ impl Executor {
         if self.closed.get() {
             return;
         }
-        let (id, handle) = self.take_spare();
-        let waker = Waker::from(handle.clone());
+        let (id, waker, handle) = self.take_spare();
         let task = Task::Background(fut);
         self.poll_task(
             id,
@@ -165,8 +164,7 @@ impl Executor {
     /// on as a task, and `then` settles it with its output. The common case (an in-memory
     /// operation) thus allocates the future once and never enters the task table.
     pub fn run_now(&self, mut fut: ops::GuardedOp, then: ops::Settle) -> Option<ops::OpOutput> {
-        let (id, task_waker) = self.take_spare();
-        let waker = Waker::from(task_waker.clone());
+        let (id, waker, task_waker) = self.take_spare();
         let polled = fut.as_mut().poll(&mut Context::from_waker(&waker));
         if let Poll::Ready(v) = polled {
             drop(waker);
@@ -185,14 +183,16 @@ impl Executor {
         None
     }
 
-    /// An id and waker for a new task: the spare one, when there is one.
-    fn take_spare(&self) -> (u64, Arc<TaskWaker>) {
+    /// An id and waker for a new task (with the waker's handle): the spare one, when there is
+    /// one.
+    fn take_spare(&self) -> (u64, Waker, Arc<TaskWaker>) {
         let spare = self.spare.borrow_mut().take();
-        spare.unwrap_or_else(|| {
+        let (id, handle) = spare.unwrap_or_else(|| {
             let id = self.next_id.get();
             self.next_id.set(id + 1);
             (id, self.task_waker(id))
-        })
+        });
+        (id, Waker::from(handle.clone()), handle)
     }
 
     /// Keeps the waker of a finished task for the next one, when nobody kept a clone (so no

@@ -512,6 +512,15 @@ mod tests {
         listener.released().now_or_never().is_some()
     }
 
+    /// A backend where "holder" took "k", "w1" joined its queue, and "holder" released it.
+    fn released_while_w1_waits() -> MemoryBackend {
+        let (b, _) = backend();
+        assert!(ready(b.acquire("k", "holder", 1_000)));
+        join(&b, "w1");
+        assert!(ready(b.release("k", "holder")));
+        b
+    }
+
     #[test]
     fn a_release_wakes_the_head_only_and_once() {
         let (b, _) = backend();
@@ -531,10 +540,7 @@ mod tests {
 
     #[test]
     fn a_key_released_while_others_wait_is_free_and_its_old_token_gone() {
-        let (b, _) = backend();
-        assert!(ready(b.acquire("k", "holder", 1_000)));
-        join(&b, "w1");
-        assert!(ready(b.release("k", "holder")));
+        let b = released_while_w1_waits();
         let info = ready(b.inspect("k"));
         assert!(!info.held && info.ttl_left.is_none());
         assert!(ready(b.list("", 10)).is_empty());
@@ -555,10 +561,7 @@ mod tests {
 
     #[test]
     fn a_wake_before_anyone_listens_is_kept() {
-        let (b, _) = backend();
-        assert!(ready(b.acquire("k", "holder", 1_000)));
-        join(&b, "w1");
-        assert!(ready(b.release("k", "holder")));
+        let b = released_while_w1_waits();
         let mut w1 = b.wakeups("k", "w1");
         assert!(woken(&mut w1));
     }
