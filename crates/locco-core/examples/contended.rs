@@ -49,13 +49,19 @@ async fn yield_once() {
     .await
 }
 
-/// Polls its future with the clocks read at most once per poll.
-struct OneReading<F>(Pin<Box<F>>);
+/// Polls its future with the clocks read at most once per poll, unless `every_reading`.
+struct Readings<F> {
+    fut: Pin<Box<F>>,
+    every_reading: bool,
+}
 
-impl<F: Future> Future for OneReading<F> {
+impl<F: Future> Future for Readings<F> {
     type Output = F::Output;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        one_reading(|| self.0.as_mut().poll(cx))
+        if self.every_reading {
+            return self.fut.as_mut().poll(cx);
+        }
+        one_reading(|| self.fut.as_mut().poll(cx))
     }
 }
 
@@ -101,12 +107,11 @@ fn round(pool: &mut LocalPool, locker: &Rc<Locker>, every_reading: bool) -> Roun
                 yield_once().await;
             }
         };
-        let spawned = if every_reading {
-            pool.spawner().spawn_local(work)
-        } else {
-            pool.spawner().spawn_local(OneReading(Box::pin(work)))
+        let work = Readings {
+            fut: Box::pin(work),
+            every_reading,
         };
-        spawned.expect("the pool runs");
+        pool.spawner().spawn_local(work).expect("the pool runs");
     }
     // Runs until the timer's driver is done too: the round ends at the last acquisition.
     pool.run();
