@@ -10,7 +10,7 @@ import { EtcdAdapter } from 'locco-rs/etcd';
 import { MongoAdapter } from 'locco-rs/mongo';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { RedisAdapter } from 'locco-rs/redis';
-import { startEtcd, startMongo, startPostgres, startRedis } from './support/servers.mjs';
+import { olderMongoWire, startEtcd, startMongo, startPostgres, startRedis, testProxy } from './support/servers.mjs';
 import { sleep, until } from './support/adapters.mjs';
 
 const COUNT = 300;
@@ -176,27 +176,62 @@ describe('MongoDB', () => {
     await mongo?.dispose();
   });
 
-  it('renews many locks in few commands; a deleted document is lost alone', async (t) => {
-    const adapter = new MongoAdapter({ url: mongo.url, dbName: 'renewals' });
-    const locker = new Locker({ adapter });
-    const locks = client.db('renewals').collection('locco-locks');
-    // Every request the server received, from any client (ours, the driver's monitoring and
-    // these readings too): the round trips.
-    const commands = async () => {
-      const { network } = await client.db('admin').command({ serverStatus: 1 });
-      return Number(network.numRequests);
-    };
+  /** Every request the server received, from any client (ours, the driver's monitoring and these readings too): the round trips. */
+  const commands = async () => {
+    const { network } = await client.db('admin').command({ serverStatus: 1 });
+    return Number(network.numRequests);
+  };
+
+  /** The server's count of `bulkWrite` and `update` commands. */
+  const writes = async () => {
+    const { bulkWrite, update } = (await client.db('admin').command({ serverStatus: 1 })).metrics.commands;
+    return { bulkWrite: Number(bulkWrite.total), update: Number(update.total) };
+  };
+
+  /**
+   * oneLostAmongMany through an adapter on `url`, in database `dbName`; the renewals must go
+   * as `command` ('bulkWrite' or 'update'), and never as a bulkWrite when it is 'update'.
+   */
+  async function renewOnMongo(t, url, dbName, command) {
+    const adapter = new MongoAdapter({ url, dbName });
+    const locks = client.db(dbName).collection('locco-locks');
     try {
+      const before = await writes();
       const delta = await oneLostAmongMany({
-        locker,
+        locker: new Locker({ adapter }),
         prefix: 'mongo:',
         remove: async (key) => assert.equal((await locks.deleteOne({ key })).deletedCount, 1),
         counter: commands,
       });
       t.diagnostic(`${delta} requests served for ${RENEWALS} renewals`);
       assert.ok(delta < RENEWALS / 10, `${delta} requests for ${RENEWALS} renewals`);
+      const after = await writes();
+      t.diagnostic(`bulkWrite ${after.bulkWrite - before.bulkWrite}, update ${after.update - before.update}`);
+      assert.ok(after[command] - before[command] >= WINDOW, `renewed by ${command}`);
+      if (command === 'update') assert.equal(after.bulkWrite, before.bulkWrite, 'no bulkWrite');
     } finally {
       await adapter.close();
+    }
+  }
+
+  it('renews many locks in few commands; a deleted document is lost alone', (t) =>
+    renewOnMongo(t, mongo.url, 'renewals', 'bulkWrite'));
+
+  // MongoDB before 8.0 has no client bulkWrite: the renewals go as an updateMany and, when the
+  // count leaves a lock unsure, a find. The server is taken for 7.0 through a proxy that says so.
+  it('on MongoDB 7.0 (no bulkWrite), the same', async (t) => {
+    const proxy = await testProxy(Number(new URL(mongo.url).port), { fromServer: olderMongoWire(21) });
+    try {
+      const seen = await new MongoClient(proxy.urlFor(mongo.url)).connect();
+      try {
+        const { maxWireVersion } = await seen.db('admin').command({ hello: 1 });
+        assert.equal(maxWireVersion, 21, 'the proxy makes the server look like MongoDB 7.0');
+      } finally {
+        await seen.close();
+      }
+      await renewOnMongo(t, proxy.urlFor(mongo.url), 'renewals-7-0', 'update');
+    } finally {
+      await proxy.close();
     }
   });
 });
