@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds once (debug), and runs every test: the Rust workspace,
-# then the JavaScript suites on Node 24 (node:test and vitest). The README's test command.
+# then the JavaScript suites on Node 24 (node:test and vitest), then the facade's suites on
+# Node 22, the oldest Node the package supports. The README's test command.
 set -Eeuo pipefail
 # Every failure says what failed: the line, the command and its exit status.
 trap 'status=$?; echo "scripts/test-all.sh: line $LINENO: \`$BASH_COMMAND\` failed (exit $status)" >&2; exit $status' ERR
@@ -72,6 +73,21 @@ if [ ! -x node_modules/.bin/node ] || [ package-lock.json -nt node_modules/.pack
   npm ci --no-audit --no-fund
 fi
 
+# Node 22 for its run below: the npm registry's binary package for this platform, cached.
+NODE22_PACKAGE="node-$(node_modules/.bin/node -p 'process.platform + "-" + process.arch')"
+NODE22="$CACHE/node22/node_modules/$NODE22_PACKAGE/bin/node"
+if [ ! -x "$NODE22" ]; then
+  mkdir -p "$CACHE/node22"
+  npm install --no-save --no-audit --no-fund --prefix "$CACHE/node22" "$NODE22_PACKAGE@22"
+fi
+
 npm run build
 node_modules/.bin/node scripts/with-protoc.mjs cargo test --workspace
 npm test
+# On Node 22: the suites that cover the facade (errors, adapters in JavaScript, the event
+# loop, exit and worker threads, the packed install, every backend's contract, MutexManager,
+# options). The others are written with `await using`, which Node 22 does not parse.
+"$NODE22" --version
+"$NODE22" --test --test-reporter=spec __test__/errors.test.mjs __test__/js-adapter.test.mjs \
+  __test__/event-loop.test.mjs __test__/process.test.mjs __test__/package.test.mjs \
+  __test__/contract.test.mjs __test__/mutex.test.mjs __test__/options.test.mjs
