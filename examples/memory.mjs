@@ -1,5 +1,6 @@
 // In-memory backend: locks between the async tasks of one process, no server needed.
 // Run: node examples/memory.mjs
+// Node.js 24 or newer: it uses `await using` (see the README for Node 22).
 import { Locker, LockHeldError } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
 

@@ -1,6 +1,7 @@
 // MongoDB backend. The URL comes from MONGO_URL (default mongodb://127.0.0.1:27017).
 // The adapter creates its indexes on first use unless you pass createIndexes: false.
 // Run: MONGO_URL=mongodb://127.0.0.1:27017 node examples/mongo.mjs
+// Node.js 24 or newer: it uses `await using` (see the README for Node 22).
 import { Locker } from 'locco-rs';
 import { MongoAdapter } from 'locco-rs/mongo';
 

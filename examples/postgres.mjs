@@ -2,6 +2,7 @@
 // (default postgres://postgres:postgres@127.0.0.1:5432/postgres). The adapter creates its table
 // (locco_locks) on first use unless you pass createTable: false.
 // Run: DATABASE_URL=postgres://user:password@127.0.0.1:5432/app node examples/postgres.mjs
+// Node.js 24 or newer: it uses `await using` (see the README for Node 22).
 import { Locker } from 'locco-rs';
 import { PostgresAdapter } from 'locco-rs/postgres';
 

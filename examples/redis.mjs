@@ -1,5 +1,6 @@
 // Redis or Valkey backend. The URL comes from REDIS_URL (default redis://127.0.0.1:6379).
 // Run: REDIS_URL=redis://127.0.0.1:6379 node examples/redis.mjs
+// Node.js 24 or newer: it uses `await using` (see the README for Node 22).
 import { Locker } from 'locco-rs';
 import { RedisAdapter } from 'locco-rs/redis';
 
