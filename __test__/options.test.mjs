@@ -73,3 +73,40 @@ describe('unknown options', () => {
     await lock.release();
   });
 });
+
+describe('wrong values', () => {
+  const adapter = new InMemoryAdapter();
+  const locker = new Locker({ adapter, retry: { retries: 0 } });
+
+  it('are refused with the field named, on constructors and calls', async () => {
+    await refuses(() => new Locker({ adapter, fencing: 'yes' }), 'fencing');
+    await refuses(() => locker.acquireMany('a', { ttl: 1000 }), 'keys');
+    await refuses(() => locker.acquireMany(['a', 7], { ttl: 1000 }), 'keys');
+    await refuses(() => new InMemoryAdapter(null), 'options');
+    await refuses(() => new InMemoryAdapter({ now: 5 }), 'now');
+    await refuses(() => new RedisAdapter({ url: 'redis://127.0.0.1:1', waitForReplicas: 1 }), 'waitForReplicas');
+    await refuses(() => new Locker({ adapter: { acquire() {}, release() {}, extend() {}, isHeld() {}, acquireFenced: 1 } }), 'adapter');
+  });
+
+  it("are refused on a built-in adapter's own methods, naming the field that is wrong", async () => {
+    await refuses(() => adapter.acquire(null), 'input');
+    await refuses(() => adapter.acquire({ key: 1, token: 't', ttl: 1000 }), 'key');
+    await refuses(() => adapter.acquire({ key: 'k', token: 2, ttl: 1000 }), 'token');
+    await refuses(() => adapter.acquire({ key: 'k', token: 't', ttl: '1000' }), 'ttl');
+    // Nothing was taken by the refused calls.
+    assert.equal(await adapter.acquire({ key: 'k', token: 't', ttl: 1000 }), true);
+    assert.equal(await adapter.release({ key: 'k', token: 't' }), true);
+  });
+
+  it("a JavaScript adapter's malformed inspect answer is refused, not passed on", async () => {
+    const odd = {
+      acquire: async () => true,
+      release: async () => true,
+      extend: async () => true,
+      isHeld: async () => true,
+      inspect: async () => ({ held: 'yes' }),
+    };
+    const withOdd = new Locker({ adapter: odd });
+    await refuses(() => withOdd.inspect('k'), 'adapter');
+  });
+});

@@ -13,9 +13,8 @@ function callNative(adapterId, method, input) {
     return Promise.reject(validation('input', 'must be an object { key, token, ttl? }'));
   }
   const { key, token, ttl } = input;
-  if (typeof key !== 'string' || typeof token !== 'string') {
-    return Promise.reject(validation('key', 'key and token must be strings'));
-  }
+  if (typeof key !== 'string') return Promise.reject(validation('key', `must be a string, got ${typeof key}`));
+  if (typeof token !== 'string') return Promise.reject(validation('token', `must be a string, got ${typeof token}`));
   if (ttl !== undefined && typeof ttl !== 'number') {
     return Promise.reject(validation('ttl', 'must be a number of ms'));
   }
