@@ -427,6 +427,54 @@ describe('RedisAdapter on a Cluster', () => {
     }
   });
 
+  // Resharding: the slot of a held, auto-extended lock moves to another master, first half
+  // done (the lock's key moved, its fence counter not: requests for the key are redirected
+  // with ASK), then whole (MOVED). Its renewals follow the key, so it is never lost, and the
+  // release deletes it where it now lives.
+  it('a held lock follows its slot to another master while its heartbeat runs', async () => {
+    const adapter = new RedisAdapter({ urls: cluster.urls, cluster: true });
+    const locker = new Locker({ adapter, fencing: true });
+    const lostOrFailed = [];
+    const watched = new Locker({
+      adapter,
+      fencing: true,
+      onEvent: (e) => (e.type === 'lost' || e.type === 'extendFailed') && lostOrFailed.push(e),
+    });
+    const key = 'moving';
+    const lock = await watched.acquire(key, { ttl: 900, autoExtend: { maxHold: 60_000 } });
+    const { nodes } = cluster;
+    const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
+    const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
+    const target = nodes.find((n) => n !== owner);
+    const [ownerId, targetId] = [owner.cli('CLUSTER', 'MYID'), target.cli('CLUSTER', 'MYID')];
+    const keysInSlot = owner.cli('CLUSTER', 'GETKEYSINSLOT', slot, '10').split('\n').filter(Boolean);
+    assert.ok(keysInSlot.includes(key) && keysInSlot.length === 2, `the lock and its fence counter: ${keysInSlot}`);
+    const migrate = (keys) => owner.cli('MIGRATE', '127.0.0.1', String(target.port), '', '0', '5000', 'KEYS', ...keys);
+    try {
+      target.cli('CLUSTER', 'SETSLOT', slot, 'IMPORTING', ownerId);
+      owner.cli('CLUSTER', 'SETSLOT', slot, 'MIGRATING', targetId);
+      assert.equal(migrate([key]), 'OK');
+      await sleep(2000); // six intervals with the move half done
+      assert.equal(lock.state, 'held');
+      assert.equal(migrate(keysInSlot.filter((k) => k !== key)), 'OK');
+      for (const n of nodes) n.cli('CLUSTER', 'SETSLOT', slot, 'NODE', targetId);
+      await sleep(2000); // and six after it
+      assert.equal(lock.state, 'held');
+      assert.equal(await lock.isHeld(), true);
+      assert.ok(Number(target.cli('PTTL', key)) > 0, 'renewed on the master that owns the slot now');
+      assert.deepEqual(lostOrFailed, []);
+      // A new fence is read from the counter that moved: later than the lock's.
+      assert.equal(await lock.release(), true);
+      assert.equal(target.cli('EXISTS', key), '0');
+      const next = await locker.acquire(key, { ttl: 900 });
+      assert.ok(next.fence > lock.fence, `${next.fence} after ${lock.fence}`);
+      assert.equal(await next.release(), true);
+    } finally {
+      if (lock.state === 'held') await lock.release().catch(() => {});
+      await adapter.close();
+    }
+  });
+
   it('refuses a fenced key with } and no hash tag before sending anything', async () => {
     const adapter = new RedisAdapter({ urls: cluster.urls, cluster: true });
     const err = await new Locker({ adapter, fencing: true }).acquire('a}b', { ttl: 1000 }).catch((e) => e);
