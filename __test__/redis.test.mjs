@@ -428,20 +428,21 @@ describe('RedisAdapter on a Cluster', () => {
   });
 
   // Resharding: the slot of a held, auto-extended lock moves to another master, first half
-  // done (the lock's key moved, its fence counter not: requests for the key are redirected
-  // with ASK), then whole (MOVED). Its renewals follow the key, so it is never lost, and the
-  // release deletes it where it now lives.
+  // done (the lock's key moved, its fence counter not: a request for the key alone is sent on
+  // with ASK, one for both is answered TRYAGAIN until the move ends), then whole (MOVED). Its
+  // renewals follow the key, so it is never lost, even while another caller's attempt on the
+  // key waits out TRYAGAIN (the Cluster client's own retry waits once stalled the renewals
+  // past the lease); and the release deletes the key where it now lives.
   it('a held lock follows its slot to another master while its heartbeat runs', async () => {
     const adapter = new RedisAdapter({ urls: cluster.urls, cluster: true });
-    const locker = new Locker({ adapter, fencing: true });
-    const lostOrFailed = [];
-    const watched = new Locker({
+    const problems = [];
+    const locker = new Locker({
       adapter,
       fencing: true,
-      onEvent: (e) => (e.type === 'lost' || e.type === 'extendFailed') && lostOrFailed.push(e),
+      onEvent: (e) => (e.type === 'lost' || e.type === 'extendFailed') && problems.push(e),
     });
     const key = 'moving';
-    const lock = await watched.acquire(key, { ttl: 900, autoExtend: { maxHold: 60_000 } });
+    const lock = await locker.acquire(key, { ttl: 900, autoExtend: { maxHold: 60_000 } });
     const { nodes } = cluster;
     const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
     const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
@@ -450,11 +451,16 @@ describe('RedisAdapter on a Cluster', () => {
     const keysInSlot = owner.cli('CLUSTER', 'GETKEYSINSLOT', slot, '10').split('\n').filter(Boolean);
     assert.ok(keysInSlot.includes(key) && keysInSlot.length === 2, `the lock and its fence counter: ${keysInSlot}`);
     const migrate = (keys) => owner.cli('MIGRATE', '127.0.0.1', String(target.port), '', '0', '5000', 'KEYS', ...keys);
+    const other = new Locker({ adapter, fencing: true });
     try {
       target.cli('CLUSTER', 'SETSLOT', slot, 'IMPORTING', ownerId);
       owner.cli('CLUSTER', 'SETSLOT', slot, 'MIGRATING', targetId);
       assert.equal(migrate([key]), 'OK');
-      await sleep(2000); // six intervals with the move half done
+      // Another caller's try, answered TRYAGAIN for as long as the move stays half done: a
+      // backend that cannot answer, never a grant (nor "held", which it cannot know).
+      const tried = await other.tryAcquire(key, { ttl: 900 }).then((v) => v, (e) => e);
+      assert.ok(tried instanceof BackendError, `a BackendError, got ${tried}`);
+      await sleep(1500); // five intervals more with the move half done
       assert.equal(lock.state, 'held');
       assert.equal(migrate(keysInSlot.filter((k) => k !== key)), 'OK');
       for (const n of nodes) n.cli('CLUSTER', 'SETSLOT', slot, 'NODE', targetId);
@@ -462,11 +468,11 @@ describe('RedisAdapter on a Cluster', () => {
       assert.equal(lock.state, 'held');
       assert.equal(await lock.isHeld(), true);
       assert.ok(Number(target.cli('PTTL', key)) > 0, 'renewed on the master that owns the slot now');
-      assert.deepEqual(lostOrFailed, []);
-      // A new fence is read from the counter that moved: later than the lock's.
+      assert.deepEqual(problems, []);
       assert.equal(await lock.release(), true);
       assert.equal(target.cli('EXISTS', key), '0');
-      const next = await locker.acquire(key, { ttl: 900 });
+      // A new fence is read from the counter that moved: later than the lock's.
+      const next = await other.acquire(key, { ttl: 900 });
       assert.ok(next.fence > lock.fence, `${next.fence} after ${lock.fence}`);
       assert.equal(await next.release(), true);
     } finally {

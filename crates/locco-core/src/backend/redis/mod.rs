@@ -208,6 +208,13 @@ for i = 1, #KEYS do
 end
 return table.concat(out)";
 
+/// How long the Cluster client waits before it sends a request again after TRYAGAIN (a slot
+/// half moved), CLUSTERDOWN or LOADING, at least and at most (ms). The crate's own defaults
+/// (1.28 s, doubling up to minutes) outlast a lease's slack, and other requests stalled
+/// behind one waiting so: a held lock's renewal was lost while a slot moved. The engine's own
+/// deadlines bound how long a request is retried.
+const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (10, 200);
+
 /// The most keys one EXTEND_MANY call takes.
 const MAX_KEYS_PER_SCRIPT: usize = 1000;
 
@@ -790,7 +797,9 @@ impl Inner {
             if o.cluster {
                 let mut builder = ClusterClientBuilder::new(o.urls.clone())
                     .connection_timeout(connect_timeout)
-                    .response_timeout(response_timeout);
+                    .response_timeout(response_timeout)
+                    .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
+                    .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1);
                 if let Some(ca) = &o.tls_ca {
                     builder = builder.certs(redis::TlsCertificates {
                         client_tls: None,
