@@ -481,6 +481,33 @@ describe('RedisAdapter on a Cluster', () => {
     }
   });
 
+  // A master that forgot the scripts (restarted, or a replica just promoted) is sent a
+  // script's body with the lock's own key. Loading it on every master instead would make the
+  // renewal wait for the slowest master of the Cluster, here one that does not answer.
+  it("a held lock's renewal does not wait for the other masters when its own forgot the scripts", async () => {
+    const adapter = new RedisAdapter({ urls: cluster.urls, cluster: true });
+    const problems = [];
+    const locker = new Locker({ adapter, onEvent: (e) => (e.type === 'lost' || e.type === 'extendFailed') && problems.push(e) });
+    const key = 'forgetful';
+    const lock = await locker.acquire(key, { ttl: 900, autoExtend: { maxHold: 60_000 } });
+    const { nodes } = cluster;
+    const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
+    const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
+    const stalled = nodes.find((n) => n !== owner);
+    try {
+      owner.cli('SCRIPT', 'FLUSH');
+      stalled.pause();
+      await sleep(1500); // five intervals
+      assert.deepEqual(problems, []);
+      assert.equal(lock.state, 'held');
+      assert.equal(await lock.isHeld(), true);
+    } finally {
+      stalled.resume();
+      if (lock.state === 'held') await lock.release().catch(() => {});
+      await adapter.close();
+    }
+  });
+
   it('refuses a fenced key with } and no hash tag before sending anything', async () => {
     const adapter = new RedisAdapter({ urls: cluster.urls, cluster: true });
     const err = await new Locker({ adapter, fencing: true }).acquire('a}b', { ttl: 1000 }).catch((e) => e);

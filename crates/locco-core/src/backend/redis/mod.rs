@@ -261,30 +261,93 @@ const WAITED_SUFFIX: &str = "|locco:waited";
 /// A fence counter lives this long after its key's last grant.
 const FENCE_COUNTER_KEEP_MS: u64 = 24 * 60 * 60 * 1000;
 
+/// A script, sent as EVALSHA. A server that does not know it yet (new, restarted, or a
+/// replica just promoted) is sent the same call as an EVAL of its body, which also keeps it
+/// there for the next EVALSHA. Not SCRIPT LOAD: on a Cluster that goes to every master, so an
+/// operation on one key would wait for the slowest master of all (or fail with one that is
+/// down).
+struct Lua {
+    script: Script,
+    body: String,
+}
+
+impl Lua {
+    fn new(body: String) -> Self {
+        Lua {
+            script: Script::new(&body),
+            body,
+        }
+    }
+
+    fn hash(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    /// The EVALSHA of this script with `keys` and `args`.
+    fn evalsha<K: AsRef<str>, A: AsRef<str>>(&self, keys: &[K], args: &[A]) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.hash()).arg(keys.len());
+        keys.iter().for_each(|k| {
+            cmd.arg(k.as_ref());
+        });
+        args.iter().for_each(|a| {
+            cmd.arg(a.as_ref());
+        });
+        cmd
+    }
+
+    /// `evalsha` (a call of this script) as an EVAL of its body.
+    fn eval_of(&self, evalsha: &redis::Cmd) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.body.as_bytes());
+        // The calls are built by `evalsha` (or by hand, the same way): plain arguments only.
+        evalsha.args_iter().skip(2).for_each(|arg| {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        });
+        cmd
+    }
+}
+
+/// Sends `evalsha`, a call of `lua`; on NOSCRIPT, the same call with the script's body.
+async fn run_lua<T: redis::FromRedisValue, C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    lua: &Lua,
+    evalsha: &redis::Cmd,
+) -> Result<T, RedisError> {
+    match evalsha.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            lua.eval_of(evalsha).query_async(conn).await
+        }
+        answer => answer,
+    }
+}
+
 struct Scripts {
-    acquire: Script,
-    try_fenced: Script,
-    release: Script,
-    leave: Script,
-    extend: Script,
-    extend_many: Script,
-    is_held: Script,
-    inspect: Script,
-    force_release: Script,
+    acquire: Lua,
+    try_fenced: Lua,
+    release: Lua,
+    leave: Lua,
+    extend: Lua,
+    extend_many: Lua,
+    is_held: Lua,
+    inspect: Lua,
+    force_release: Lua,
 }
 
 fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    let queued = |body: &str| Script::new(&format!("{QUEUE_PRELUDE}{body}"));
+    let queued = |body: &str| Lua::new(format!("{QUEUE_PRELUDE}{body}"));
     SCRIPTS.get_or_init(|| Scripts {
         acquire: queued(&format!("{GRANT_FENCE}{ACQUIRE_BODY}")),
-        try_fenced: Script::new(&format!("{GRANT_FENCE}{TRY_FENCED}")),
-        release: Script::new(&format!("{RELEASE_FAST}{QUEUE_PRELUDE}{RELEASE_BODY}")),
+        try_fenced: Lua::new(format!("{GRANT_FENCE}{TRY_FENCED}")),
+        release: Lua::new(format!("{RELEASE_FAST}{QUEUE_PRELUDE}{RELEASE_BODY}")),
         leave: queued(LEAVE_BODY),
-        extend: Script::new(EXTEND),
-        extend_many: Script::new(EXTEND_MANY),
-        is_held: Script::new(IS_HELD),
-        inspect: Script::new(INSPECT),
+        extend: Lua::new(EXTEND.to_owned()),
+        extend_many: Lua::new(EXTEND_MANY.to_owned()),
+        is_held: Lua::new(IS_HELD.to_owned()),
+        inspect: Lua::new(INSPECT.to_owned()),
         force_release: queued(FORCE_RELEASE_BODY),
     })
 }
@@ -360,62 +423,41 @@ impl Conn {
 
     async fn script<T: redis::FromRedisValue, K: AsRef<str>>(
         &mut self,
-        script: &Script,
+        lua: &Lua,
         keys: &[K],
         args: &[&str],
     ) -> Result<T, RedisError> {
         // On the event-loop link EVALSHA is encoded directly; a server that does not know the
-        // script yet answers NOSCRIPT, and the crate's invocation below loads it.
+        // script yet answers NOSCRIPT, and the call goes again below with the body.
         if let Conn::Local(c) = self {
             let numkeys = keys.len().to_string();
             let mut argv: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
-            argv.extend([
-                &b"EVALSHA"[..],
-                script.get_hash().as_bytes(),
-                numkeys.as_bytes(),
-            ]);
+            argv.extend([&b"EVALSHA"[..], lua.hash().as_bytes(), numkeys.as_bytes()]);
             argv.extend(keys.iter().map(|k| k.as_ref().as_bytes()));
             argv.extend(args.iter().map(|a| a.as_bytes()));
             match c.command(&argv).await.and_then(Value::extract_error) {
                 Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {}
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    return self.query(&lua.eval_of(&lua.evalsha(keys, args))).await;
+                }
                 answer => return Ok(redis::from_redis_value(answer?)?),
             }
         }
-        let mut inv = script.prepare_invoke();
-        keys.iter().for_each(|k| {
-            inv.key(k.as_ref());
-        });
-        args.iter().for_each(|a| {
-            inv.arg(*a);
-        });
-        match self {
-            Conn::Single(c) => inv.invoke_async(c).await,
-            Conn::Cluster(c) => inv.invoke_async(c).await,
-            Conn::Local(c) => inv.invoke_async(c).await,
-            Conn::Node(c) => inv.invoke_async(c).await,
-        }
+        self.evalsha(lua, &lua.evalsha(keys, args)).await
     }
 
-    /// Sends an EVALSHA of `script` built by hand; loads the script and sends it again when
-    /// the server does not know it yet.
+    /// Sends `cmd`, an EVALSHA of `lua` (see [`run_lua`]).
     async fn evalsha<T: redis::FromRedisValue>(
         &mut self,
-        script: &Script,
+        lua: &Lua,
         cmd: &redis::Cmd,
     ) -> Result<T, RedisError> {
-        match self.query(cmd).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                let load = script.prepare_invoke();
-                match self {
-                    Conn::Single(c) => load.load_async(c).await?,
-                    Conn::Cluster(c) => load.load_async(c).await?,
-                    Conn::Local(c) => load.load_async(c).await?,
-                    Conn::Node(c) => load.load_async(c).await?,
-                };
-                self.query(cmd).await
-            }
-            answer => answer,
+        match self {
+            Conn::Single(c) => run_lua(c, lua, cmd).await,
+            Conn::Cluster(c) => run_lua(c, lua, cmd).await,
+            Conn::Local(c) => run_lua(c, lua, cmd).await,
+            Conn::Node(c) => run_lua(c, lua, cmd).await,
         }
     }
 
@@ -1098,9 +1140,9 @@ impl Backend for RedisBackend {
             let (done, acked) = inner
                 .write_and_wait(w, None, |c| {
                     Box::pin(async move {
-                        let mut inv = scripts().extend.prepare_invoke();
-                        inv.key(&key).arg(&token).arg(&ttl);
-                        inv.invoke_async::<i64>(c).await
+                        let extend = &scripts().extend;
+                        run_lua::<i64, _>(c, extend, &extend.evalsha(&[&key], &[&token, &ttl]))
+                            .await
                     })
                 })
                 .await?;
@@ -1139,7 +1181,7 @@ impl Backend for RedisBackend {
             .into_iter()
             .map(|index| {
                 let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(script.get_hash()).arg(index.len());
+                cmd.arg(script.hash()).arg(index.len());
                 index.iter().for_each(|&i| {
                     cmd.arg(renewals[i].key);
                 });
@@ -1517,7 +1559,7 @@ fn set_nx(key: &str, token: &str, ttl: u32) -> redis::Cmd {
 enum GrantRequest {
     SetNx(redis::Cmd),
     Script {
-        script: &'static Script,
+        script: &'static Lua,
         keys: Vec<String>,
         args: [String; 6],
     },
@@ -1559,14 +1601,7 @@ impl GrantRequest {
                 Ok(if set.is_some() { (1, 0) } else { (0, -1) })
             }
             GrantRequest::Script { script, keys, args } => {
-                let mut inv = script.prepare_invoke();
-                keys.iter().for_each(|k| {
-                    inv.key(k);
-                });
-                args.iter().for_each(|a| {
-                    inv.arg(a);
-                });
-                inv.invoke_async(conn).await
+                run_lua(conn, script, &script.evalsha(keys, args)).await
             }
         }
     }
@@ -1575,6 +1610,42 @@ impl GrantRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_script_unknown_to_the_server_goes_again_as_an_eval_of_its_body() {
+        let lua = Lua::new("return {KEYS[1], ARGV[1]}".to_owned());
+        let evalsha = lua.evalsha(&["k"], &["a", "b"]);
+        let args = |cmd: &redis::Cmd| -> Vec<Vec<u8>> {
+            cmd.args_iter()
+                .map(|a| match a {
+                    redis::Arg::Simple(b) => b.to_vec(),
+                    _ => b"<not simple>".to_vec(),
+                })
+                .collect()
+        };
+        let sha: Vec<Vec<u8>> = [
+            b"EVALSHA".as_slice(),
+            lua.hash().as_bytes(),
+            b"1",
+            b"k",
+            b"a",
+            b"b",
+        ]
+        .map(<[u8]>::to_vec)
+        .to_vec();
+        assert_eq!(args(&evalsha), sha);
+        let eval: Vec<Vec<u8>> = [
+            b"EVAL".as_slice(),
+            lua.body.as_bytes(),
+            b"1",
+            b"k",
+            b"a",
+            b"b",
+        ]
+        .map(<[u8]>::to_vec)
+        .to_vec();
+        assert_eq!(args(&lua.eval_of(&evalsha)), eval);
+    }
 
     #[test]
     fn the_scripts_and_peek_agree_on_the_marks() {
