@@ -407,6 +407,47 @@ describe('RedisAdapter waitForReplicas', () => {
   });
 });
 
+describe('RedisAdapter on a Cluster with replicas', () => {
+  let cluster;
+  before(async () => {
+    cluster = await startRedisCluster({ size: 3, replicas: 1, args: ['--cluster-node-timeout', '1000'] });
+  });
+  after(async () => {
+    await cluster?.dispose();
+  });
+
+  // A failover within the lease's slack: the renewals that fall due while the master is gone
+  // fail (extendFailed, retried), never lose the lock; once the replica has taken over (with
+  // the key, which it had, and without the scripts, which are not replicated) they renew it there.
+  it('a held lock survives the failover of its master to the replica', async () => {
+    const adapter = new RedisAdapter({ urls: cluster.urls, cluster: true });
+    const seen = [];
+    const locker = new Locker({ adapter, onEvent: (e) => seen.push(e.type) });
+    const key = 'failing-over';
+    const lock = await locker.acquire(key, { ttl: 10_000, autoExtend: { maxHold: 120_000 } });
+    try {
+      const { nodes } = cluster;
+      const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
+      const master = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0' && n.cli('INFO', 'replication').includes('role:master'));
+      const replica = nodes.find((n) => n.cli('INFO', 'replication').includes(`master_port:${master.port}`));
+      await until(() => replica.cli('INFO', 'keyspace').includes('db0:keys=1'), 5000);
+      await master.stop();
+      await until(() => replica.cli('INFO', 'replication').includes('role:master'), 15_000);
+      const renewedAfter = seen.length;
+      await until(() => seen.slice(renewedAfter).includes('extended') || lock.state !== 'held', 10_000).catch(() => {});
+      assert.ok(seen.slice(renewedAfter).includes('extended'), `renewed on the new master; events: ${seen.join(', ')}`);
+      assert.equal(lock.state, 'held', `events: ${seen.join(', ')}`);
+      assert.equal(await lock.isHeld(), true);
+      assert.ok(!seen.includes('lost'), `events: ${seen.join(', ')}`);
+      assert.equal(await lock.release(), true);
+      assert.equal(replica.cli('INFO', 'keyspace').includes('db0:keys=1'), false);
+    } finally {
+      if (lock.state === 'held') await lock.release().catch(() => {});
+      await adapter.close();
+    }
+  });
+});
+
 describe('RedisAdapter on a Cluster', () => {
   let cluster;
   before(async () => {

@@ -302,22 +302,24 @@ export async function startRedis({ binary = 'redis-server', args = [], port, tls
 }
 
 /**
- * A Redis Cluster of `size` primaries (no replicas), each on free ports, every node reporting
- * cluster_state:ok. Answers { nodes, urls, dispose }.
+ * A Redis Cluster of `size` primaries with `replicas` replicas each, each node on free ports
+ * with `args` added, every node reporting cluster_state:ok and every replica in sync.
+ * Answers { nodes, urls, dispose }.
  */
-export async function startRedisCluster({ size = 3 } = {}) {
+export async function startRedisCluster({ size = 3, replicas = 0, args = [] } = {}) {
   const nodes = [];
   const dispose = async () => {
     await Promise.all(nodes.map((n) => n.dispose()));
   };
   try {
-    for (let i = 0; i < size; i++) nodes.push(await startRedis({ cluster: true }));
-    execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'], {
+    for (let i = 0; i < size * (1 + replicas); i++) nodes.push(await startRedis({ cluster: true, args }));
+    execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', String(replicas), '--cluster-yes'], {
       stdio: 'pipe',
     });
     const end = Date.now() + 15_000;
-    while (!nodes.every((n) => n.cli('CLUSTER', 'INFO').includes('cluster_state:ok'))) {
-      if (Date.now() > end) throw new Error('the Redis Cluster did not reach cluster_state:ok in 15 s');
+    const synced = (n) => !n.cli('INFO', 'replication').includes('role:slave') || n.cli('INFO', 'replication').includes('master_link_status:up');
+    while (!nodes.every((n) => n.cli('CLUSTER', 'INFO').includes('cluster_state:ok') && synced(n))) {
+      if (Date.now() > end) throw new Error('the Redis Cluster did not reach cluster_state:ok with its replicas in sync in 15 s');
       await sleep(50);
     }
   } catch (err) {
