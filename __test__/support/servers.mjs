@@ -478,23 +478,42 @@ export async function startMongo({ port: askedPort } = {}) {
   const start = async () => {
     const port = askedPort ?? (await freePort());
     const dir = mkdtempSync(join(tmpdir(), 'locco-mongo-'));
-    const spawned = spawnLogged(binary, ['--port', String(port), '--storage-path', join(dir, 'data'), '--cache-size', '128M', '--log-file-max', '16MB', '--log-level', 'WARNING']);
-    const { child } = spawned;
-    const stop = async () => {
+    let child;
+    const launch = async () => {
+      const spawned = spawnLogged(binary, ['--port', String(port), '--storage-path', join(dir, 'data'), '--cache-size', '128M', '--log-file-max', '16MB', '--log-level', 'WARNING']);
+      child = spawned.child;
+      await listening(spawned, port, 30_000);
+    };
+    const kill = async (signal) => {
       if (child.exitCode === null && child.signalCode === null) {
         const exited = new Promise((r) => child.once('exit', r));
-        child.kill('SIGKILL');
+        child.kill(signal);
         await exited;
       }
+    };
+    const stop = async () => {
+      await kill('SIGKILL');
       rmSync(dir, { recursive: true, force: true });
     };
     try {
-      await listening(spawned, port, 30_000);
+      await launch();
     } catch (err) {
       await stop();
       throw err;
     }
-    return { url: `mongodb://127.0.0.1:${port}/?directConnection=true`, name: 'secantusd-rs', pid: child.pid, dispose: stop };
+    return {
+      url: `mongodb://127.0.0.1:${port}/?directConnection=true`,
+      name: 'secantusd-rs',
+      get pid() {
+        return child.pid;
+      },
+      /** Shuts the server down (SIGTERM) and starts it again on the same port and data. */
+      async restart() {
+        await kill('SIGTERM');
+        await launch();
+      },
+      dispose: stop,
+    };
   };
   return askedPort === undefined ? withRetries(start) : start();
 }
