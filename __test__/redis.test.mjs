@@ -416,15 +416,16 @@ describe('RedisAdapter on a Cluster with replicas', () => {
     await cluster?.dispose();
   });
 
-  // A failover within the lease's slack: the renewals that fall due while the master is gone
-  // fail (extendFailed, retried), never lose the lock; once the replica has taken over (with
-  // the key, which it had, and without the scripts, which are not replicated) they renew it there.
+  // A failover within the lease's slack: a renewal that falls due while the master is gone
+  // may fail (extendFailed, retried), never loses the lock; once the replica has taken over
+  // (with the key, which it had, and without the scripts, which are not replicated) the
+  // renewals go on there.
   it('a held lock survives the failover of its master to the replica', async () => {
     const adapter = new RedisAdapter({ urls: cluster.urls, cluster: true });
     const seen = [];
     const locker = new Locker({ adapter, onEvent: (e) => seen.push(e.type) });
     const key = 'failing-over';
-    const lock = await locker.acquire(key, { ttl: 10_000, autoExtend: { maxHold: 120_000 } });
+    const lock = await locker.acquire(key, { ttl: 10_000, autoExtend: { maxHold: 120_000, interval: 500 } });
     try {
       const { nodes } = cluster;
       const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
