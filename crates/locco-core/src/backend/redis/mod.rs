@@ -317,11 +317,14 @@ async fn run_lua<T: redis::FromRedisValue, C: redis::aio::ConnectionLike>(
     evalsha: &redis::Cmd,
 ) -> Result<T, RedisError> {
     match evalsha.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            lua.eval_of(evalsha).query_async(conn).await
-        }
+        Err(e) if unknown_script(&e) => lua.eval_of(evalsha).query_async(conn).await,
         answer => answer,
     }
+}
+
+/// NOSCRIPT: the server does not know the script (yet).
+fn unknown_script(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 struct Scripts {
@@ -436,9 +439,7 @@ impl Conn {
             argv.extend(keys.iter().map(|k| k.as_ref().as_bytes()));
             argv.extend(args.iter().map(|a| a.as_bytes()));
             match c.command(&argv).await.and_then(Value::extract_error) {
-                Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
+                Err(e) if unknown_script(&e) => {
                     return self.query(&lua.eval_of(&lua.evalsha(keys, args))).await;
                 }
                 answer => return Ok(redis::from_redis_value(answer?)?),
@@ -1614,37 +1615,21 @@ mod tests {
     #[test]
     fn a_script_unknown_to_the_server_goes_again_as_an_eval_of_its_body() {
         let lua = Lua::new("return {KEYS[1], ARGV[1]}".to_owned());
-        let evalsha = lua.evalsha(&["k"], &["a", "b"]);
-        let args = |cmd: &redis::Cmd| -> Vec<Vec<u8>> {
+        let words = |cmd: &redis::Cmd| -> Vec<String> {
             cmd.args_iter()
                 .map(|a| match a {
-                    redis::Arg::Simple(b) => b.to_vec(),
-                    _ => b"<not simple>".to_vec(),
+                    redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                    _ => "<not simple>".to_owned(),
                 })
                 .collect()
         };
-        let sha: Vec<Vec<u8>> = [
-            b"EVALSHA".as_slice(),
-            lua.hash().as_bytes(),
-            b"1",
-            b"k",
-            b"a",
-            b"b",
-        ]
-        .map(<[u8]>::to_vec)
-        .to_vec();
-        assert_eq!(args(&evalsha), sha);
-        let eval: Vec<Vec<u8>> = [
-            b"EVAL".as_slice(),
-            lua.body.as_bytes(),
-            b"1",
-            b"k",
-            b"a",
-            b"b",
-        ]
-        .map(<[u8]>::to_vec)
-        .to_vec();
-        assert_eq!(args(&lua.eval_of(&evalsha)), eval);
+        let evalsha = lua.evalsha(&["k"], &["a", "b"]);
+        assert_eq!(words(&evalsha), ["EVALSHA", lua.hash(), "1", "k", "a", "b"]);
+        let eval = lua.eval_of(&evalsha);
+        assert_eq!(
+            words(&eval),
+            ["EVAL", lua.body.as_str(), "1", "k", "a", "b"]
+        );
     }
 
     #[test]
