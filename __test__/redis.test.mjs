@@ -484,7 +484,7 @@ describe('RedisAdapter on a Cluster', () => {
       onEvent: (e) => (e.type === 'lost' || e.type === 'extendFailed') && problems.push(e),
     });
     const key = 'moving';
-    const lock = await locker.acquire(key, { ttl: 900, autoExtend: { maxHold: 60_000 } });
+    const lock = await locker.acquire(key, { ttl: 1500, autoExtend: { maxHold: 60_000 } });
     const { nodes } = cluster;
     const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
     const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
@@ -500,13 +500,14 @@ describe('RedisAdapter on a Cluster', () => {
       assert.equal(migrate([key]), 'OK');
       // Another caller's try, answered TRYAGAIN for as long as the move stays half done: a
       // backend that cannot answer, never a grant (nor "held", which it cannot know).
-      const tried = await other.tryAcquire(key, { ttl: 900 }).then((v) => v, (e) => e);
+      // Its lease (3 s) outlasts the held lock's slack (1 s), which the renewals must not wait for.
+      const tried = await other.tryAcquire(key, { ttl: 3000 }).then((v) => v, (e) => e);
       assert.ok(tried instanceof BackendError, `a BackendError, got ${tried}`);
-      await sleep(1500); // five intervals more with the move half done
+      await sleep(1500); // three intervals more with the move half done
       assert.equal(lock.state, 'held');
       assert.equal(migrate(keysInSlot.filter((k) => k !== key)), 'OK');
       for (const n of nodes) n.cli('CLUSTER', 'SETSLOT', slot, 'NODE', targetId);
-      await sleep(2000); // and six after it
+      await sleep(2000); // and four after it
       assert.equal(lock.state, 'held');
       assert.equal(await lock.isHeld(), true);
       assert.ok(Number(target.cli('PTTL', key)) > 0, 'renewed on the master that owns the slot now');
@@ -514,7 +515,7 @@ describe('RedisAdapter on a Cluster', () => {
       assert.equal(await lock.release(), true);
       assert.equal(target.cli('EXISTS', key), '0');
       // A new fence is read from the counter that moved: later than the lock's.
-      const next = await other.acquire(key, { ttl: 900 });
+      const next = await other.acquire(key, { ttl: 1500 });
       assert.ok(next.fence > lock.fence, `${next.fence} after ${lock.fence}`);
       assert.equal(await next.release(), true);
     } finally {
@@ -531,7 +532,7 @@ describe('RedisAdapter on a Cluster', () => {
     const problems = [];
     const locker = new Locker({ adapter, onEvent: (e) => (e.type === 'lost' || e.type === 'extendFailed') && problems.push(e) });
     const key = 'forgetful';
-    const lock = await locker.acquire(key, { ttl: 900, autoExtend: { maxHold: 60_000 } });
+    const lock = await locker.acquire(key, { ttl: 1500, autoExtend: { maxHold: 60_000 } });
     const { nodes } = cluster;
     const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
     const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
@@ -539,7 +540,7 @@ describe('RedisAdapter on a Cluster', () => {
     try {
       owner.cli('SCRIPT', 'FLUSH');
       stalled.pause();
-      await sleep(1500); // five intervals
+      await sleep(2000); // four intervals
       assert.deepEqual(problems, []);
       assert.equal(lock.state, 'held');
       assert.equal(await lock.isHeld(), true);
