@@ -524,6 +524,38 @@ describe('RedisAdapter on a Cluster', () => {
     }
   });
 
+  // An acquisition whose key's slot is half moved (its fence counter moved, its lock not yet
+  // there) is answered TRYAGAIN, which runs nothing: it is sent again until the move ends,
+  // within the caller's budget, rather than failing after the client's first few tries.
+  it('an acquisition that meets a slot half moved waits for the move to end', async () => {
+    const adapter = new RedisAdapter({ urls: cluster.urls, cluster: true });
+    const locker = new Locker({ adapter, fencing: true });
+    const key = 'slow-move';
+    await (await locker.acquire(key, { ttl: 1500 })).release(); // a fence counter, no lock
+    const { nodes } = cluster;
+    const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
+    const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
+    const target = nodes.find((n) => n !== owner);
+    const [ownerId, targetId] = [owner.cli('CLUSTER', 'MYID'), target.cli('CLUSTER', 'MYID')];
+    try {
+      target.cli('CLUSTER', 'SETSLOT', slot, 'IMPORTING', ownerId);
+      owner.cli('CLUSTER', 'SETSLOT', slot, 'MIGRATING', targetId);
+      const keys = owner.cli('CLUSTER', 'GETKEYSINSLOT', slot, '10').split('\n').filter(Boolean);
+      assert.deepEqual(keys, [`{${key}}:locco-fence`]);
+      assert.equal(owner.cli('MIGRATE', '127.0.0.1', String(target.port), '', '0', '5000', 'KEYS', ...keys), 'OK');
+      const started = Date.now();
+      const acquiring = locker.acquire(key, { ttl: 10_000, retry: { timeout: 8000 } });
+      await sleep(3000);
+      for (const n of nodes) n.cli('CLUSTER', 'SETSLOT', slot, 'NODE', targetId);
+      const lock = await acquiring;
+      assert.ok(Date.now() - started >= 3000, 'granted once the move ended');
+      assert.equal(target.cli('EXISTS', key), '1');
+      assert.equal(await lock.release(), true);
+    } finally {
+      await adapter.close();
+    }
+  });
+
   // A master that forgot the scripts (restarted, or a replica just promoted) is sent a
   // script's body with the lock's own key. Loading it on every master instead would make the
   // renewal wait for the slowest master of the Cluster, here one that does not answer.

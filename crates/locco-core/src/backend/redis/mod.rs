@@ -209,11 +209,14 @@ end
 return table.concat(out)";
 
 /// How long the Cluster client waits before it sends a request again after TRYAGAIN (a slot
-/// half moved), CLUSTERDOWN or LOADING, at least and at most (ms). The crate's own defaults
-/// (1.28 s, doubling up to minutes) outlast a lease's slack, and other requests stalled
-/// behind one waiting so: a held lock's renewal was lost while a slot moved. The engine's own
-/// deadlines bound how long a request is retried.
+/// half moved), CLUSTERDOWN or LOADING, at least and at most (ms), and how many times it
+/// sends one (redirects count too). The crate's own waits (1.28 s, doubling up to minutes)
+/// outlast a lease's slack, and other requests stalled behind one waiting so: a held lock's
+/// renewal was lost while a slot moved. 50 tries ride out some 5 s of a slot move or a
+/// failover (16 gave up after 3 s, failing an acquisition that had the time to wait); the
+/// engine's deadlines cut a request sooner.
 const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (10, 200);
+const CLUSTER_TRIES: u32 = 50;
 
 /// The most keys one EXTEND_MANY call takes.
 const MAX_KEYS_PER_SCRIPT: usize = 1000;
@@ -842,7 +845,8 @@ impl Inner {
                     .connection_timeout(connect_timeout)
                     .response_timeout(response_timeout)
                     .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
-                    .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1);
+                    .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1)
+                    .retries(CLUSTER_TRIES);
                 if let Some(ca) = &o.tls_ca {
                     builder = builder.certs(redis::TlsCertificates {
                         client_tls: None,
