@@ -407,6 +407,32 @@ describe('RedisAdapter waitForReplicas', () => {
   });
 });
 
+/**
+ * The hash slot of `key` (which must exist) on a Cluster's masters `nodes`: the master that has
+ * it, another one, its keys, and its move to that other master, step by step.
+ */
+function slotOf(nodes, key) {
+  const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
+  const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
+  const target = nodes.find((n) => n !== owner);
+  const targetId = target.cli('CLUSTER', 'MYID');
+  return {
+    owner,
+    target,
+    keys: () => owner.cli('CLUSTER', 'GETKEYSINSLOT', slot, '10').split('\n').filter(Boolean),
+    /** Marks the slot as moving: a request for keys not on the owner any more is sent on (ASK). */
+    beginMove() {
+      target.cli('CLUSTER', 'SETSLOT', slot, 'IMPORTING', owner.cli('CLUSTER', 'MYID'));
+      owner.cli('CLUSTER', 'SETSLOT', slot, 'MIGRATING', targetId);
+    },
+    moveKeys: (keys) => owner.cli('MIGRATE', '127.0.0.1', String(target.port), '', '0', '5000', 'KEYS', ...keys),
+    /** The slot is the target's, on every node (MOVED). */
+    endMove() {
+      for (const n of nodes) n.cli('CLUSTER', 'SETSLOT', slot, 'NODE', targetId);
+    },
+  };
+}
+
 describe('RedisAdapter on a Cluster with replicas', () => {
   let cluster;
   before(async () => {
@@ -485,19 +511,13 @@ describe('RedisAdapter on a Cluster', () => {
     });
     const key = 'moving';
     const lock = await locker.acquire(key, { ttl: 1500, autoExtend: { maxHold: 60_000 } });
-    const { nodes } = cluster;
-    const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
-    const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
-    const target = nodes.find((n) => n !== owner);
-    const [ownerId, targetId] = [owner.cli('CLUSTER', 'MYID'), target.cli('CLUSTER', 'MYID')];
-    const keysInSlot = owner.cli('CLUSTER', 'GETKEYSINSLOT', slot, '10').split('\n').filter(Boolean);
+    const slot = slotOf(cluster.nodes, key);
+    const keysInSlot = slot.keys();
     assert.ok(keysInSlot.includes(key) && keysInSlot.length === 2, `the lock and its fence counter: ${keysInSlot}`);
-    const migrate = (keys) => owner.cli('MIGRATE', '127.0.0.1', String(target.port), '', '0', '5000', 'KEYS', ...keys);
     const other = new Locker({ adapter, fencing: true });
     try {
-      target.cli('CLUSTER', 'SETSLOT', slot, 'IMPORTING', ownerId);
-      owner.cli('CLUSTER', 'SETSLOT', slot, 'MIGRATING', targetId);
-      assert.equal(migrate([key]), 'OK');
+      slot.beginMove();
+      assert.equal(slot.moveKeys([key]), 'OK');
       // Another caller's try, answered TRYAGAIN for as long as the move stays half done: a
       // backend that cannot answer, never a grant (nor "held", which it cannot know).
       // Its lease (3 s) outlasts the held lock's slack (1 s), which the renewals must not wait for.
@@ -505,15 +525,15 @@ describe('RedisAdapter on a Cluster', () => {
       assert.ok(tried instanceof BackendError, `a BackendError, got ${tried}`);
       await sleep(1500); // three intervals more with the move half done
       assert.equal(lock.state, 'held');
-      assert.equal(migrate(keysInSlot.filter((k) => k !== key)), 'OK');
-      for (const n of nodes) n.cli('CLUSTER', 'SETSLOT', slot, 'NODE', targetId);
+      assert.equal(slot.moveKeys(keysInSlot.filter((k) => k !== key)), 'OK');
+      slot.endMove();
       await sleep(2000); // and four after it
       assert.equal(lock.state, 'held');
       assert.equal(await lock.isHeld(), true);
-      assert.ok(Number(target.cli('PTTL', key)) > 0, 'renewed on the master that owns the slot now');
+      assert.ok(Number(slot.target.cli('PTTL', key)) > 0, 'renewed on the master that owns the slot now');
       assert.deepEqual(problems, []);
       assert.equal(await lock.release(), true);
-      assert.equal(target.cli('EXISTS', key), '0');
+      assert.equal(slot.target.cli('EXISTS', key), '0');
       // A new fence is read from the counter that moved: later than the lock's.
       const next = await other.acquire(key, { ttl: 1500 });
       assert.ok(next.fence > lock.fence, `${next.fence} after ${lock.fence}`);
@@ -532,24 +552,19 @@ describe('RedisAdapter on a Cluster', () => {
     const locker = new Locker({ adapter, fencing: true });
     const key = 'slow-move';
     await (await locker.acquire(key, { ttl: 1500 })).release(); // a fence counter, no lock
-    const { nodes } = cluster;
-    const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
-    const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
-    const target = nodes.find((n) => n !== owner);
-    const [ownerId, targetId] = [owner.cli('CLUSTER', 'MYID'), target.cli('CLUSTER', 'MYID')];
+    const slot = slotOf(cluster.nodes, key);
     try {
-      target.cli('CLUSTER', 'SETSLOT', slot, 'IMPORTING', ownerId);
-      owner.cli('CLUSTER', 'SETSLOT', slot, 'MIGRATING', targetId);
-      const keys = owner.cli('CLUSTER', 'GETKEYSINSLOT', slot, '10').split('\n').filter(Boolean);
+      slot.beginMove();
+      const keys = slot.keys();
       assert.deepEqual(keys, [`{${key}}:locco-fence`]);
-      assert.equal(owner.cli('MIGRATE', '127.0.0.1', String(target.port), '', '0', '5000', 'KEYS', ...keys), 'OK');
+      assert.equal(slot.moveKeys(keys), 'OK');
       const started = Date.now();
       const acquiring = locker.acquire(key, { ttl: 10_000, retry: { timeout: 8000 } });
       await sleep(3000);
-      for (const n of nodes) n.cli('CLUSTER', 'SETSLOT', slot, 'NODE', targetId);
+      slot.endMove();
       const lock = await acquiring;
       assert.ok(Date.now() - started >= 3000, 'granted once the move ended');
-      assert.equal(target.cli('EXISTS', key), '1');
+      assert.equal(slot.target.cli('EXISTS', key), '1');
       assert.equal(await lock.release(), true);
     } finally {
       await adapter.close();
@@ -565,10 +580,7 @@ describe('RedisAdapter on a Cluster', () => {
     const locker = new Locker({ adapter, onEvent: (e) => (e.type === 'lost' || e.type === 'extendFailed') && problems.push(e) });
     const key = 'forgetful';
     const lock = await locker.acquire(key, { ttl: 1500, autoExtend: { maxHold: 60_000 } });
-    const { nodes } = cluster;
-    const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
-    const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
-    const stalled = nodes.find((n) => n !== owner);
+    const { owner, target: stalled } = slotOf(cluster.nodes, key);
     try {
       owner.cli('SCRIPT', 'FLUSH');
       stalled.pause();
