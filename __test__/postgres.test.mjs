@@ -3,7 +3,7 @@ import { after, before, describe, it } from 'node:test';
 import { Locker, ValidationError } from 'locco-rs';
 import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
 import { freePort, makeTestCertificates, startPostgres } from './support/servers.mjs';
-import { heldThroughFlood, sleep, until } from './support/adapters.mjs';
+import { heldThroughFlood, heldThroughRestart, sleep, until } from './support/adapters.mjs';
 
 /** `url` with one more query parameter. */
 const withParam = (url, param) => `${url}${url.includes('?') ? '&' : '?'}${param}`;
@@ -276,17 +276,9 @@ describe('PostgresAdapter', () => {
 
   it('keeps a lock held with auto-extension through a server restart', async () => {
     const adapter = new PostgresAdapter({ url: pg.url, tableName: 'restart', connectTimeout: 1000 });
-    const events = [];
-    const locker = new Locker({ adapter, onEvent: (e) => events.push(e.type) });
     // The lease's slack (5.5 s) outlasts a restart: the row survives it, the broken pooled
     // connections are replaced, and the heartbeat goes on.
-    const lock = await locker.acquire('r', { ttl: 6000, autoExtend: { maxHold: 60_000, interval: 500 } });
-    await pg.restart();
-    const after = events.length;
-    await until(() => events.slice(after).includes('extended'), 5000);
-    assert.equal(lock.state, 'held', `events: ${events.join(', ')}`);
-    assert.ok(!events.includes('lost'), `events: ${events.join(', ')}`);
-    assert.equal(await lock.isHeld(), true);
+    const { locker, lock } = await heldThroughRestart(assert, adapter, () => pg.restart(), { ttl: 6000 });
     const other = await locker.acquire('after-restart', { ttl: 1000, retry: { retries: 20, delay: 100 } });
     assert.equal(other.state, 'held');
     assert.equal(await lock.release(), true);

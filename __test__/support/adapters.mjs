@@ -1,4 +1,5 @@
 // Every Locker behaviour test runs against each of these adapters.
+import { Locker } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { MapAdapter } from './map-adapter.mjs';
 
@@ -42,4 +43,22 @@ export async function heldThroughFlood(assert, locker, { prefix, count }) {
   assert.equal(await held.release(), true);
   await Promise.all(flood.map((l) => l?.release()));
   return seconds;
+}
+
+/**
+ * Holds lock 'r' on `adapter` with auto-extension (every 500 ms, lease `ttl`) through
+ * `restart()`, and checks that it is renewed afterwards (within `ttl - 1000` ms), never lost,
+ * and still held on the server. Answers { locker, lock } for the checks a backend adds.
+ */
+export async function heldThroughRestart(assert, adapter, restart, { ttl }) {
+  const events = [];
+  const locker = new Locker({ adapter, onEvent: (e) => events.push(e.type) });
+  const lock = await locker.acquire('r', { ttl, autoExtend: { maxHold: 60_000, interval: 500 } });
+  await restart();
+  const after = events.length;
+  await until(() => events.slice(after).includes('extended'), ttl - 1000);
+  assert.equal(lock.state, 'held', `events: ${events.join(', ')}`);
+  assert.ok(!events.includes('lost'), `events: ${events.join(', ')}`);
+  assert.equal(await lock.isHeld(), true);
+  return { locker, lock };
 }
