@@ -199,6 +199,32 @@ describe('RedisAdapter faults', () => {
     assert.equal(await lock.release(), true);
   });
 
+  it('a server out of memory (noeviction) refuses new grants with a BackendError; held locks renew and release', async () => {
+    const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), retry: { retries: 2, delay: 20 } });
+    const fenced = new Locker({ adapter: new RedisAdapter({ url: redis.url }), fencing: true, retry: { retries: 0 } });
+    const held = await locker.acquire('oom:held', { ttl: 600, autoExtend: { maxHold: 60_000 } });
+    redis.cli('CONFIG', 'SET', 'maxmemory', '1');
+    try {
+      for (const [who, key] of [[locker, 'oom:new'], [fenced, 'oom:fenced']]) {
+        const err = await who.acquire(key, { ttl: 1000 }).catch((e) => e);
+        // The server's own refusal, not a reply the client failed to read.
+        assert.ok(err instanceof BackendError, `${key}: ${err}`);
+        assert.equal(err.serverCode, 'OOM', `${key}: ${err}`);
+        assert.equal(err.kind, 'other', `${key}: ${err}`);
+        assert.match(err.message, /maxmemory/, key);
+        assert.equal(redis.cli('EXISTS', key, `{${key}}:locco-fence`), '0', key);
+      }
+      // PEXPIREAT and DEL are allowed when memory is full: nothing held is lost for it.
+      await sleep(1500);
+      assert.equal(held.state, 'held', held.lostReason);
+      assert.equal(await held.release(), true);
+    } finally {
+      redis.cli('CONFIG', 'SET', 'maxmemory', '0');
+    }
+    const again = await locker.acquire('oom:new', { ttl: 1000 });
+    await again.release();
+  });
+
   it('warns before the first grant, even when an acquire follows the constructor at once (20 adapters)', async () => {
     redis.cli('CONFIG', 'SET', 'maxmemory-policy', 'volatile-lru');
     const order = [];

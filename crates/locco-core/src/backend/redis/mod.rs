@@ -417,7 +417,8 @@ impl Conn {
                 b"PX",
                 ttl_digits.format(ttl).as_bytes(),
             ];
-            return Ok(match c.command(&args).await? {
+            // A refusal (OOM, READONLY, …) is the server's error, not a reply of the wrong type.
+            return Ok(match c.command(&args).await.and_then(Value::extract_error)? {
                 Value::Okay => true,
                 Value::Nil => false,
                 other => redis::from_redis_value::<Option<String>>(other)?.is_some(),
