@@ -366,6 +366,16 @@ describe('RedisAdapter waitForReplicas', () => {
     assert.equal(await lock.release(), true);
   });
 
+  it('an adapter pointed at a replica fails with READONLY, never with contention', async () => {
+    const replicaLocker = new Locker({ adapter: new RedisAdapter({ url: replica.url }), retry: { retries: 0 } });
+    const fenced = new Locker({ adapter: new RedisAdapter({ url: replica.url }), fencing: true, retry: { retries: 0 } });
+    for (const who of [replicaLocker, fenced]) {
+      const err = await who.acquire('on-replica', { ttl: 1000 }).catch((e) => e);
+      assert.ok(err instanceof BackendError, String(err));
+      assert.equal(err.serverCode, 'READONLY', String(err));
+    }
+  });
+
   it('an attempt given up before its connection was up sends nothing, so no grant lands after its give-back', async () => {
     // As without waitForReplicas (see above), on the path that waits for the replica, whose
     // connection is made on the I/O thread: the first connection takes 2 s, the lease 1 s, so
