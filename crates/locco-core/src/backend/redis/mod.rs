@@ -418,11 +418,13 @@ impl Conn {
                 ttl_digits.format(ttl).as_bytes(),
             ];
             // A refusal (OOM, READONLY, …) is the server's error, not a reply of the wrong type.
-            return Ok(match c.command(&args).await.and_then(Value::extract_error)? {
-                Value::Okay => true,
-                Value::Nil => false,
-                other => redis::from_redis_value::<Option<String>>(other)?.is_some(),
-            });
+            return Ok(
+                match c.command(&args).await.and_then(Value::extract_error)? {
+                    Value::Okay => true,
+                    Value::Nil => false,
+                    other => redis::from_redis_value::<Option<String>>(other)?.is_some(),
+                },
+            );
         }
         let set: Option<String> = self.query(&set_nx(key, token, ttl)).await?;
         Ok(set.is_some())
