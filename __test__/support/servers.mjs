@@ -25,16 +25,13 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
  * connection and stops listening (a connect is refused) until `restore()`; `stall(ms)` holds
  * every byte in both directions for `ms` (a network that stops, then delivers), resolving once
  * they have been passed on; `urlFor(url)` is `url` with its port pointed at the proxy.
- * `fromServer`, when given, makes a function per connection that rewrites what the server
- * sends (each chunk in, the bytes to pass on out).
  * Returns { port, urlFor, cut, restore, stall, close }.
  */
-export async function testProxy(port, { delay = 0, fromServer } = {}) {
+export async function testProxy(port, { delay = 0 } = {}) {
   const sockets = new Set();
   let held; // the bytes kept while stalled: [socket, chunk][]
-  const forward = (from, to, rewrite = (chunk) => chunk) =>
-    from.on('data', (data) => {
-      const chunk = rewrite(data);
+  const forward = (from, to) =>
+    from.on('data', (chunk) => {
       if (held !== undefined) held.push([to, chunk]);
       else to.write(chunk);
     });
@@ -54,7 +51,7 @@ export async function testProxy(port, { delay = 0, fromServer } = {}) {
       });
       client.on('close', () => upstream.destroy());
       forward(client, upstream);
-      forward(upstream, client, fromServer?.());
+      forward(upstream, client);
       client.resume();
     }, delay);
   });
@@ -440,30 +437,6 @@ export function secantusBinary() {
   } catch {
     throw new Error('secantusd-rs not found: run scripts/test-all.sh, which builds and caches it');
   }
-}
-
-/**
- * For `testProxy`'s `fromServer`: MongoDB's replies, cut at their length prefixes, with
- * `maxWireVersion` in a handshake's answer set to `wire`, so that a driver takes the server for
- * an older MongoDB (21: 7.0, which has no client `bulkWrite`).
- */
-export function olderMongoWire(wire) {
-  const field = Buffer.from('\x10maxWireVersion\x00', 'latin1'); // an int32 field, then its value
-  return () => {
-    let pending = Buffer.alloc(0);
-    return (chunk) => {
-      pending = Buffer.concat([pending, chunk]);
-      const whole = [];
-      while (pending.length >= 4 && pending.length >= pending.readInt32LE(0)) {
-        const message = Buffer.from(pending.subarray(0, pending.readInt32LE(0)));
-        pending = pending.subarray(message.length);
-        const at = message.indexOf(field);
-        if (at >= 0) message.writeInt32LE(wire, at + field.length);
-        whole.push(message);
-      }
-      return Buffer.concat(whole);
-    };
-  };
 }
 
 /**

@@ -5,9 +5,8 @@
 //! index on `key`, without which two upserts of a missing key could both insert. Dates are
 //! computed with `$toLong`/`$toDate` arithmetic, which MongoDB 4.2 already has.
 //!
-//! The extensions that fall due together go in one client `bulkWrite` (MongoDB 8.0+), one
-//! `update` per lock with its own matched count; an older server gets one `updateMany` per ttl
-//! and, only when a lock among them was lost, one `find` (see [`Inner::extend_grouped`]).
+//! The extensions that fall due together go in one `updateMany` per ttl over their keys and
+//! tokens, then one `find` that tells each lock its own outcome (see [`Inner::extend_many`]).
 //!
 //! ## The fair queue
 //!
@@ -39,17 +38,16 @@
 //! minute on MongoDB); the waiters then queue again on their next re-check, in their order of
 //! arrival.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::error::{ErrorKind, PartialBulkWriteResult, WriteFailure};
+use mongodb::error::{ErrorKind, WriteFailure};
 use mongodb::options::{
     Acknowledgment, ClientOptions, IndexOptions, ReadPreference, ReturnDocument, SelectionCriteria,
-    UpdateOneModel, WriteConcern,
+    WriteConcern,
 };
-use mongodb::results::VerboseBulkWriteResult;
 use mongodb::{Client, Collection, IndexModel};
 
 use crate::backend::holder::holder_of;
@@ -139,9 +137,6 @@ struct Inner {
     /// Whether the change stream of wakes was started (with the first queued attempt).
     pushes_started: AtomicBool,
     stop: Arc<tokio::sync::Notify>,
-    /// Whether the server takes `bulkWrite` (`BULK_*`): learned on the first batch of
-    /// extensions.
-    bulk_write: AtomicU8,
     lane: io::Lane,
 }
 
@@ -212,7 +207,6 @@ impl MongoBackend {
                 board: WakeBoard::default(),
                 pushes_started: AtomicBool::new(false),
                 stop: Arc::new(tokio::sync::Notify::new()),
-                bulk_write: AtomicU8::new(BULK_UNKNOWN),
                 lane: lane_for(&options.url),
                 options,
             }),
@@ -585,135 +579,38 @@ impl Inner {
     }
 }
 
-/// Whether the server takes the client `bulkWrite` command (MongoDB 8.0+).
-const BULK_UNKNOWN: u8 = 0;
-const BULK_YES: u8 = 1;
-const BULK_NO: u8 = 2;
-
 /// One renewal: key, token, ttl.
 type Renewing = (String, String, u32);
 
 impl Inner {
-    /// Renews many locks, each exactly as [`Backend::extend`] would: on a server that takes the
-    /// client `bulkWrite` command, one command of one `update` per lock, with its own answer;
-    /// on an older one, [`Inner::extend_grouped`].
-    async fn extend_many(
-        &self,
-        renewals: &[Renewing],
-    ) -> Result<Vec<Result<bool, Failure>>, Failure> {
-        let (locks, _) = self.collections().await?;
-        if self.bulk_write.load(Ordering::Acquire) != BULK_NO {
-            match self.extend_bulk(&locks, renewals).await {
-                Some(answer) => {
-                    self.bulk_write.store(BULK_YES, Ordering::Release);
-                    return answer;
-                }
-                None => self.bulk_write.store(BULK_NO, Ordering::Release),
-            }
-        }
-        let answers = self.extend_grouped(&locks, renewals).await?;
-        Ok(answers.into_iter().map(Ok).collect())
-    }
-
-    /// One unordered `bulkWrite`: the single extension's filter and update for each lock, and
-    /// its matched count as its answer. `None` when the server has no `bulkWrite`.
-    async fn extend_bulk(
-        &self,
-        locks: &Collection<Document>,
-        renewals: &[Renewing],
-    ) -> Option<Result<Vec<Result<bool, Failure>>, Failure>> {
-        let client = match self.client().await {
-            Ok(c) => c,
-            Err(f) => return Some(Err(f)),
-        };
-        let ns = locks.namespace();
-        let models = renewals.iter().map(|(key, token, ttl)| {
-            UpdateOneModel::builder()
-                .namespace(ns.clone())
-                .filter(ours_live(key, token))
-                .update(vec![doc! { "$set": { "expireAt": now_plus(*ttl) } }])
-                .build()
-        });
-        let done = client
-            .bulk_write(models)
-            .ordered(false)
-            .write_concern(self.write_concern())
-            .verbose_results()
-            .await;
-        let matched = |r: &VerboseBulkWriteResult, i: usize| {
-            r.update_results.get(&i).map(|u| u.matched_count == 1)
-        };
-        let e = match done {
-            Ok(r) => {
-                let answers = (0..renewals.len())
-                    .map(|i| Ok(matched(&r, i).unwrap_or(false)))
-                    .collect();
-                return Some(Ok(answers));
-            }
-            Err(e) => e,
-        };
-        match &*e.kind {
-            ErrorKind::IncompatibleServer { .. } => None,
-            // CommandNotFound: a server that says 8.0 but has no bulkWrite.
-            ErrorKind::Command(c) if c.code == 59 => None,
-            // Some updates failed on their own: those renewals fail, the others answer. A
-            // write concern error fails them all, as it fails a single extension.
-            ErrorKind::BulkWrite(b) if b.write_concern_errors.is_empty() => {
-                let partial = match &b.partial_result {
-                    Some(PartialBulkWriteResult::Verbose(r)) => Some(r),
-                    _ => None,
-                };
-                let answers = (0..renewals.len())
-                    .map(|i| {
-                        if let Some(w) = b.write_errors.get(&i) {
-                            let kind = ErrorKind::Write(WriteFailure::WriteError(w.clone()));
-                            return Err(self.failure(mongodb::error::Error::from(kind)));
-                        }
-                        match partial.and_then(|r| matched(r, i)) {
-                            Some(ours) => Ok(ours),
-                            // Not attempted (the command stopped early): unknown.
-                            None => Err(self.failure(e.clone())),
-                        }
-                    })
-                    .collect();
-                Some(Ok(answers))
-            }
-            _ => Some(Err(self.failure(e))),
-        }
-    }
-
-    /// Without `bulkWrite`: one `updateMany` per ttl among the renewals (usually one), whose
-    /// filter is the single extension's for any of them (`$or` of key and token, on a live
-    /// lease) and whose update is the single extension's; then, only when a count leaves some
-    /// renewal unsure, one `find` of their keys on a live lease.
+    /// Renews many locks, each exactly as [`Backend::extend`] would answer: one `updateMany`
+    /// per ttl among them (usually one) of the live documents whose key is one of theirs and
+    /// whose token is one of theirs, with the single extension's update; then, unless nothing
+    /// matched, one `find` of their keys on a live lease, which answers each lock.
     ///
-    /// Why the find answers each renewal as its own extension would: the unique index gives a
-    /// key one document, which carries one token, so the update matched a document exactly when
-    /// it carried a renewal's token on a live lease, and renewed that lease. A matched count
-    /// equal to the number of distinct (key, token) pairs means each matched; zero means none
-    /// did. Between, the find reads which documents carry our token on a live lease now. Only
-    /// our token's holder ever writes our token (tokens are random, one per lock), and neither
-    /// the update nor anything else of ours revives an expired lease, so a document that
-    /// carries our token on a live lease after the update carried it on a live lease when the
-    /// update ran, and was renewed: `true`. One that does not is gone, expired or another
-    /// holder's: `false`, as the single extension answers (or, should the new lease already
-    /// have run out, as it would answer a moment later: never `true` for a lock not held).
-    async fn extend_grouped(
-        &self,
-        locks: &Collection<Document>,
-        renewals: &[Renewing],
-    ) -> Result<Vec<bool>, Failure> {
+    /// Two lists, not the pairs: an `$or` of a thousand (key, token) pairs is planned as a scan
+    /// of the collection by some servers (secantusd-rs), and a batched write of an update per
+    /// lock costs the server a transaction each (4-5 times the CPU of this, measured there).
+    /// The lists also match a key whose document carries another lock's token, so the count
+    /// cannot say which matched: the find does. The unique index gives a key one document,
+    /// which carries one token. A document that carries our token on a live lease after the
+    /// update carried it on a live lease when the update ran (only a holder of our token
+    /// writes it, and nothing revives an expired lease), so the update matched it and renewed
+    /// its lease: `true`. One that does not is gone, expired or another holder's: `false`, as
+    /// the single extension answers (or, should the new lease already have run out, as it
+    /// would a moment later: never `true` for a lock not held).
+    async fn extend_many(&self, renewals: &[Renewing]) -> Result<Vec<bool>, Failure> {
+        let (locks, _) = self.collections().await?;
         let mut by_ttl: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
         for (i, (_, _, ttl)) in renewals.iter().enumerate() {
             by_ttl.entry(*ttl).or_default().push(i);
         }
         let updates = by_ttl.iter().map(|(ttl, group)| {
-            let any: Vec<Document> = group
-                .iter()
-                .map(|&i| doc! { "key": &renewals[i].0, "uniqueValue": &renewals[i].1 })
-                .collect();
-            let filter = live(doc! { "$or": any });
+            let keys: Vec<&str> = group.iter().map(|&i| renewals[i].0.as_str()).collect();
+            let tokens: Vec<&str> = group.iter().map(|&i| renewals[i].1.as_str()).collect();
+            let filter = live(doc! { "key": { "$in": keys }, "uniqueValue": { "$in": tokens } });
             let update = vec![doc! { "$set": { "expireAt": now_plus(*ttl) } }];
+            let locks = &locks;
             async move {
                 let changed = locks
                     .update_many(filter, update)
@@ -723,32 +620,19 @@ impl Inner {
                 Ok::<_, Failure>(changed.matched_count)
             }
         });
-        let matched = futures_util::future::try_join_all(updates).await?;
-        let mut answers = vec![false; renewals.len()];
-        let mut unsure = Vec::new();
-        for ((_, group), matched) in by_ttl.iter().zip(matched) {
-            let pairs: std::collections::HashSet<(&str, &str)> = group
-                .iter()
-                .map(|&i| (renewals[i].0.as_str(), renewals[i].1.as_str()))
-                .collect();
-            if matched == 0 {
-                continue;
-            }
-            if matched == pairs.len() as u64 {
-                group.iter().for_each(|&i| answers[i] = true);
-            } else {
-                unsure.extend(group.iter().copied());
-            }
+        let matched: u64 = futures_util::future::try_join_all(updates)
+            .await?
+            .into_iter()
+            .sum();
+        if matched == 0 {
+            return Ok(vec![false; renewals.len()]);
         }
-        if unsure.is_empty() {
-            return Ok(answers);
-        }
-        let keys: Vec<&str> = unsure.iter().map(|&i| renewals[i].0.as_str()).collect();
+        let keys: Vec<&str> = renewals.iter().map(|(key, _, _)| key.as_str()).collect();
         let mut found = locks
             .find(live(doc! { "key": { "$in": keys } }))
             .projection(doc! { "key": 1, "uniqueValue": 1, "_id": 0 })
             // Every document in the first reply: no getMore round trips.
-            .batch_size(u32::try_from(unsure.len()).unwrap_or(u32::MAX))
+            .batch_size(u32::try_from(renewals.len()).unwrap_or(u32::MAX))
             .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
             .await
             .map_err(|e| self.failure(e))?;
@@ -759,11 +643,10 @@ impl Inner {
                 ours.insert((key.to_owned(), token.to_owned()));
             }
         }
-        for i in unsure {
-            let (key, token, _) = &renewals[i];
-            answers[i] = ours.contains(&(key.clone(), token.clone()));
-        }
-        Ok(answers)
+        Ok(renewals
+            .iter()
+            .map(|(key, token, _)| ours.contains(&(key.clone(), token.clone())))
+            .collect())
     }
 }
 
@@ -953,8 +836,8 @@ impl Backend for MongoBackend {
         })
     }
 
-    /// Every renewal in one `bulkWrite` (MongoDB 8.0+), or in an `updateMany` per ttl and at
-    /// most one `find` (see [`Inner::extend_grouped`]).
+    /// Every renewal in an `updateMany` per ttl and at most one `find` (see
+    /// [`Inner::extend_many`]).
     fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<crate::engine::error::Result<bool>>> {
         if renewals.is_empty() {
             return Op::ready(Ok(Vec::new()));
@@ -968,11 +851,7 @@ impl Backend for MongoBackend {
         let op = io::run("mongo", move |_| async move {
             inner.extend_many(&renewals).await
         });
-        let each = |all: Vec<Result<bool, Failure>>| {
-            all.into_iter()
-                .map(|r| r.map_err(Failure::into_error))
-                .collect()
-        };
+        let each = |all: Vec<bool>| all.into_iter().map(Ok).collect();
         match op {
             Op::Ready(answer) => Op::Ready(answer.map(|all| all.map(each))),
             Op::Pending(fut, stop) => {
