@@ -119,7 +119,7 @@ pub fn release(lock_id: f64, final_attempt: bool, op_id: f64, out: &mut [f64]) -
     with_lock(lock_id, op_id, |l| {
         let done = ops::start(
             op_id,
-            ops::guard(async move { l.release(final_attempt).await.map(Answer::Bool) }),
+            ops::guard(move || async move { l.release(final_attempt).await.map(Answer::Bool) }),
         );
         if let Some(Ok(Answer::Bool(true))) = done {
             if let Some(token) = lock_end(lock_id, out) {

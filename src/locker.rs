@@ -320,17 +320,17 @@ pub(crate) fn start_acquire(
     // call) is not as large as the many-key one, and what ops::run moves on is a pointer:
     // moving a 3 KB future about cost an eighth of a contended hand-off in memcpy.
     let op = match (mode, keys) {
-        (_, Either::B(keys)) => ops::guard(async move {
+        (_, Either::B(keys)) => ops::guard(move || async move {
             let locks = locker.acquire_many(&keys, options, abort).await?;
             Ok(Answer::Numbers(
                 locks.into_iter().map(|l| keep(locker_id, l)).collect(),
             ))
         }),
-        (1, Either::A(key)) => ops::guard(async move {
+        (1, Either::A(key)) => ops::guard(move || async move {
             let lock = locker.try_acquire(key, options).await?;
             Ok(lock.map_or(Answer::Null, |l| Answer::Number(keep(locker_id, l))))
         }),
-        (_, Either::A(key)) => ops::guard(async move {
+        (_, Either::A(key)) => ops::guard(move || async move {
             let lock = locker.acquire(key, options, abort).await?;
             Ok(Answer::Number(keep(locker_id, lock)))
         }),

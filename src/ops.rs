@@ -131,15 +131,19 @@ fn flatten(r: OpOutput) -> Result<Answer, Error> {
 /// An operation's future in the one box it is polled from, with its panic guard.
 pub type GuardedOp = Pin<Box<dyn Future<Output = OpOutput>>>;
 
-/// Boxes `fut` as a [`GuardedOp`]. A caller that boxes its future anyway (to choose among
-/// several) boxes it so, rather than box a box.
-pub fn guard(fut: impl Future<Output = Result<Answer, Error>> + 'static) -> GuardedOp {
-    Box::pin(Guarded(fut))
+/// Boxes the future `make` builds as a [`GuardedOp`], built in its box (see
+/// `locco_core::boxed`). A caller that boxes its future anyway (to choose among several) boxes
+/// it so, rather than box a box.
+pub fn guard<F>(make: impl FnOnce() -> F) -> GuardedOp
+where
+    F: Future<Output = Result<Answer, Error>> + 'static,
+{
+    locco_core::boxed(|| Guarded(make()))
 }
 
 /// Runs an engine operation for JavaScript (see the module docs).
 pub fn run(op_id: f64, fut: impl Future<Output = Result<Answer, Error>> + 'static) -> Raw {
-    run_guarded(op_id, guard(fut))
+    run_guarded(op_id, guard(|| fut))
 }
 
 /// [`run`] of a future already boxed.

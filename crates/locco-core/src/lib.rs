@@ -54,5 +54,5 @@ pub use engine::options::{
 };
 pub use engine::retry::{Backoff, Delay, DelayFn, DelayInput, RetryOverrides, RetryPolicy};
 pub use engine::runtime::{Abort, Runtime};
-pub use engine::task::{LocalFuture, Spawn};
+pub use engine::task::{boxed, LocalFuture, Spawn};
 pub use engine::timer::{sleep_until, LocalTimer, ManualClock, Sleep, ThreadTimer, Timer};

@@ -16,7 +16,7 @@ use crate::engine::options::{random_token, validate_key, AcquireOptions, LockerO
 use crate::engine::retry::{Delay, DelayInput, RetryPolicy};
 use crate::engine::runtime::{aborted, Abort, Runtime};
 use crate::engine::shared::Shared;
-use crate::engine::task::{first, First};
+use crate::engine::task::{boxed, first, First};
 use crate::engine::timer::{sleep_until, sleep_until_from};
 
 pub(crate) mod holders;
@@ -318,7 +318,7 @@ impl Locker {
             first_len,
             first,
         };
-        Box::pin(self.retry_turns(key, options, abort, start, place, turns)).await
+        boxed(|| self.retry_turns(key, options, abort, start, place, turns)).await
     }
 
     /// [`Self::take_turns`] after a first try that did not win: the attempts go on within the
@@ -522,7 +522,7 @@ impl Locker {
             // The wake is looked at first: after a push the sleep is then not polled, which
             // would read the clock to see whether it is over.
             let wait = first(wakeups.released(), sleep);
-            if let First::Right(_) = Box::pin(first(wait, aborted(abort))).await {
+            if let First::Right(_) = boxed(|| first(wait, aborted(abort))).await {
                 return Err(Error::Aborted);
             }
             let now = self.now()?;
@@ -601,7 +601,7 @@ impl Locker {
         let answer = if op.is_ready() {
             First::Left((&mut op).now_or_never().expect("a ready answer"))
         } else {
-            Box::pin(self.grant_in_time(&mut op, limit, abort)).await
+            boxed(|| self.grant_in_time(&mut op, limit, abort)).await
         };
         let answer = match answer {
             First::Left(Ok(answer)) => answer,

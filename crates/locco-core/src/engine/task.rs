@@ -8,6 +8,13 @@ use std::task::{Context, Poll};
 
 pub type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
 
+/// The future `make` builds, boxed where it is built: `Box::pin(fut)` builds it on the stack
+/// and then copies all of it, its largest state and not only what it captured.
+#[inline(always)]
+pub fn boxed<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    Box::into_pin(Box::write(Box::new_uninit(), make()))
+}
+
 /// Runs background work (a heartbeat's request, giving back a late grant) on the engine's
 /// thread. The engine is single-threaded by design: all its state lives on one thread, the
 /// JavaScript thread in Node.js, so it needs no locks.
