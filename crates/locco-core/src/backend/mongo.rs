@@ -636,16 +636,17 @@ impl Inner {
             .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
             .await
             .map_err(|e| self.failure(e))?;
-        let mut ours = std::collections::HashSet::new();
+        // The token on each live key's document (one document a key).
+        let mut live_tokens = std::collections::HashMap::new();
         while found.advance().await.map_err(|e| self.failure(e))? {
             let d = found.current();
             if let (Ok(key), Ok(token)) = (d.get_str("key"), d.get_str("uniqueValue")) {
-                ours.insert((key.to_owned(), token.to_owned()));
+                live_tokens.insert(key.to_owned(), token.to_owned());
             }
         }
         Ok(renewals
             .iter()
-            .map(|(key, token, _)| ours.contains(&(key.clone(), token.clone())))
+            .map(|(key, token, _)| live_tokens.get(key) == Some(token))
             .collect())
     }
 }
