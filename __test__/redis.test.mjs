@@ -444,12 +444,13 @@ describe('RedisAdapter waitForReplicas', () => {
 });
 
 /**
- * The hash slot of `key` (which must exist) on a Cluster's masters `nodes`: the master that has
- * it, another one, its keys, and its move to that other master, step by step.
+ * The hash slot of `key` (which must exist) on a Cluster's `nodes`: the master that has it,
+ * another node, its keys, and its move to that other node (a master), step by step.
  */
 function slotOf(nodes, key) {
   const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
-  const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0');
+  // A replica has the slot's keys too.
+  const owner = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0' && n.cli('INFO', 'replication').includes('role:master'));
   const target = nodes.find((n) => n !== owner);
   const targetId = target.cli('CLUSTER', 'MYID');
   return {
@@ -490,8 +491,7 @@ describe('RedisAdapter on a Cluster with replicas', () => {
     const lock = await locker.acquire(key, { ttl: 10_000, autoExtend: { maxHold: 120_000, interval: 500 } });
     try {
       const { nodes } = cluster;
-      const slot = nodes[0].cli('CLUSTER', 'KEYSLOT', key);
-      const master = nodes.find((n) => n.cli('CLUSTER', 'COUNTKEYSINSLOT', slot) !== '0' && n.cli('INFO', 'replication').includes('role:master'));
+      const master = slotOf(nodes, key).owner;
       const replica = nodes.find((n) => n.cli('INFO', 'replication').includes(`master_port:${master.port}`));
       await until(() => replica.cli('INFO', 'keyspace').includes('db0:keys=1'), 5000);
       await master.stop();

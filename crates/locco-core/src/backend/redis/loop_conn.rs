@@ -150,12 +150,17 @@ impl LoopConn {
     }
 
     /// One command given as its arguments, encoded straight into the request: the hot
-    /// commands (a lock's SET NX PX and the release script) build no `Cmd` on the way.
+    /// commands (a lock's SET NX PX and the release script) build no `Cmd` on the way. An
+    /// error reply (NOSCRIPT, OOM, READONLY, …) is the server's error, not a value.
     pub fn command<'a>(
         &'a self,
         args: &'a [&'a [u8]],
     ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
-        OnEngineThread(self.request(|out| encode(out, args), 1))
+        OnEngineThread(async move {
+            self.request(|out| encode(out, args), 1)
+                .await
+                .and_then(Value::extract_error)
+        })
     }
 
     /// Writes a request (encoded by `encode`) that `replies` replies answer, and waits for

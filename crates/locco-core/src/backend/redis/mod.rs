@@ -417,14 +417,11 @@ impl Conn {
                 b"PX",
                 ttl_digits.format(ttl).as_bytes(),
             ];
-            // A refusal (OOM, READONLY, …) is the server's error, not a reply of the wrong type.
-            return Ok(
-                match c.command(&args).await.and_then(Value::extract_error)? {
-                    Value::Okay => true,
-                    Value::Nil => false,
-                    other => redis::from_redis_value::<Option<String>>(other)?.is_some(),
-                },
-            );
+            return Ok(match c.command(&args).await? {
+                Value::Okay => true,
+                Value::Nil => false,
+                other => redis::from_redis_value::<Option<String>>(other)?.is_some(),
+            });
         }
         let set: Option<String> = self.query(&set_nx(key, token, ttl)).await?;
         Ok(set.is_some())
@@ -444,7 +441,7 @@ impl Conn {
             argv.extend([&b"EVALSHA"[..], lua.hash().as_bytes(), numkeys.as_bytes()]);
             argv.extend(keys.iter().map(|k| k.as_ref().as_bytes()));
             argv.extend(args.iter().map(|a| a.as_bytes()));
-            match c.command(&argv).await.and_then(Value::extract_error) {
+            match c.command(&argv).await {
                 Err(e) if unknown_script(&e) => {
                     return self.query(&lua.eval_of(&lua.evalsha(keys, args))).await;
                 }
