@@ -38,10 +38,12 @@ it('renewals of many locks due at once are spread over turns of the event loop',
     if (e.type === 'extended') perTurn.set(turn, (perTurn.get(turn) ?? 0) + 1);
   };
   const locker = new Locker({ adapter: new InMemoryAdapter(), onEvent, now: () => now });
-  const options = { ttl: 30_000, autoExtend: { interval: 10_000, maxHold: 600_000 } };
+  // The engine sleeps until the first tick by the real timer (for the injected clock's
+  // interval), then reads the clock: a short interval keeps that wait to about a second.
+  const options = { ttl: 30_000, autoExtend: { interval: 1_000, maxHold: 600_000 } };
   const locks = await Promise.all(Array.from({ length: COUNT }, (_, i) => locker.acquire(`many:${i}`, options)));
   setImmediate(nextTurn);
-  now += 10_000;
+  now += 1_000;
   const deadline = Date.now() + 30_000;
   while ([...perTurn.values()].reduce((a, b) => a + b, 0) < COUNT && Date.now() < deadline) {
     await new Promise((r) => setTimeout(r, 20));
@@ -51,8 +53,11 @@ it('renewals of many locks due at once are spread over turns of the event loop',
   const busiest = Math.max(...perTurn.values());
   assert.equal(extended, COUNT, 'every lock was extended once');
   assert.equal(locks.filter((l) => l.state === 'held').length, COUNT, 'every lock is still held');
-  // Without a budget one turn renewed all 20,000; the engine now polls about 4 ms before the
-  // loop gets its turn, a few thousand renewals in a debug build.
-  assert.ok(busiest <= COUNT / 4, `one turn made ${busiest} of the ${COUNT} extensions`);
+  // Without a budget one turn renewed all 20,000. The engine now polls about 4 ms before the
+  // loop gets its turn: a few thousand renewals in a debug build, about 6,000 in a release
+  // build here. So the bound is on the spread, not on a count that depends on the build.
+  const turns = [...perTurn.entries()].map(([t, n]) => `${n} in turn ${t}`).join(', ');
+  assert.ok(perTurn.size >= 3, `the extensions ran in ${perTurn.size} turn(s): ${turns}`);
+  assert.ok(busiest <= COUNT / 2, `one turn made ${busiest} of the ${COUNT} extensions: ${turns}`);
   await locker.close();
 });
