@@ -3,8 +3,8 @@
 use std::rc::Rc;
 
 use locco_core::{
-    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Error, Holders, Lock, LockState,
-    Locker, LockerOptions, RetryOverrides, Runtime,
+    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Begun, Error, Holders, Lock,
+    LockState, Locker, LockerOptions, RetryOverrides, Runtime,
 };
 use napi::bindgen_prelude::Either;
 use napi_derive::napi;
@@ -330,12 +330,36 @@ pub(crate) fn start_acquire(
             let lock = locker.try_acquire(key, options).await?;
             Ok(lock.map_or(Answer::Null, |l| Answer::Number(keep(locker_id, l))))
         }),
-        (_, Either::A(key)) => ops::guard(move || async move {
-            let lock = locker.acquire(key, options, abort).await?;
-            Ok(Answer::Number(keep(locker_id, lock)))
-        }),
+        (_, Either::A(key)) => return start_single(locker_id, locker, key, options, abort, op_id),
     };
     ops::run_guarded(op_id, op)
+}
+
+/// An acquisition of one key: a lock id at once when its first try won within the call (no
+/// future, no task), else the rest of it as an operation. One clock reading serves both.
+fn start_single(
+    locker_id: f64,
+    locker: Locker,
+    key: String,
+    options: AcquireOptions,
+    abort: Option<Abort>,
+    op_id: f64,
+) -> Raw {
+    locco_core::one_reading(
+        || match locker.begin_acquire(key, &options, abort.as_ref()) {
+            Ok(Begun::Won(lock)) => ops::done_now(Ok(Answer::Number(keep(locker_id, lock)))),
+            Ok(Begun::Waiting(waiting)) => {
+                let op = ops::guard(move || async move {
+                    let lock = locker
+                        .finish_acquire(waiting, &options, abort.as_ref())
+                        .await?;
+                    Ok(Answer::Number(keep(locker_id, lock)))
+                });
+                ops::run_guarded(op_id, op)
+            }
+            Err(e) => ops::done_now(Err(e)),
+        },
+    )
 }
 
 /// A fresh abort handle for one acquisition.

@@ -151,6 +151,13 @@ pub fn run_guarded(op_id: f64, fut: GuardedOp) -> Raw {
     finish(start(op_id, fut))
 }
 
+/// An operation that finished within the call without a future: its answer, once the tasks
+/// the call woke or started have run, as [`start`] runs them.
+pub fn done_now(answer: Result<Answer, Error>) -> Raw {
+    executor::drain();
+    finish(Some(answer))
+}
+
 /// What an operation's future ends with: its answer, or the message of a panic inside it.
 pub type OpOutput = Result<Result<Answer, Error>, String>;
 

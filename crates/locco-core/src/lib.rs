@@ -47,7 +47,7 @@ pub use engine::events::{Event, EventSink, LossListener};
 pub use engine::ids::{IdHasher, IdMap};
 pub use engine::lock::{lease_end, Lock, LockState, CLOCK_DRIFT_FACTOR};
 pub use engine::locker::holders::{permit_key, read_key, write_key, Holders, MAX_HOLDERS};
-pub use engine::locker::{Locker, QUEUE_LEASE_MS, QUEUE_RECHECK_MS};
+pub use engine::locker::{Begun, Locker, Waiting, QUEUE_LEASE_MS, QUEUE_RECHECK_MS};
 pub use engine::options::{
     random_token, validate_key, validate_ttl, AcquireOptions, AutoExtend, LockerOptions,
     TokenSource, MAX_KEY_BYTES, MAX_TTL_MS,

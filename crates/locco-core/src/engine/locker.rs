@@ -218,16 +218,82 @@ impl Locker {
         self.acquire_key(key, &options, abort.as_ref()).await
     }
 
+    /// [`Self::acquire`] of a key already prefixed, with options already checked.
     async fn acquire_key(
         &self,
         key: String,
         options: &AcquireOptions,
         abort: Option<&Abort>,
     ) -> Result<Lock> {
+        match self.begin_key(key, options, abort)? {
+            Begun::Won(lock) => Ok(lock),
+            Begun::Waiting(waiting) => self.finish_acquire(waiting, options, abort).await,
+        }
+    }
+
+    /// The start of [`Self::acquire`], within the call: the first try, which is the whole
+    /// acquisition when the backend answered at once and the key was free (the common call
+    /// on the in-memory backend, which then builds no future at all). Anything else goes on
+    /// in [`Self::finish_acquire`].
+    pub fn begin_acquire(
+        &self,
+        key: String,
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+    ) -> Result<Begun> {
+        options.validate()?;
+        let key = self.prefixed(key)?;
+        self.begin_key(key, options, abort)
+    }
+
+    /// [`Self::begin_acquire`] of a key already prefixed, with options already checked.
+    fn begin_key(
+        &self,
+        key: String,
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+    ) -> Result<Begun> {
         let start = self.now()?;
+        if abort.is_some_and(Abort::is_aborted) {
+            return Err(Error::Aborted);
+        }
+        // The token source is asked once, when the acquisition starts (a source may depend on
+        // what runs then, as MutexManager's does).
+        let first_token = self.token()?;
+        let first_len = first_token.len();
+        let token = labelled(first_token, options.holder.as_deref());
+        let ttl = first_ttl(options);
+        let first = match self.attempt_now(&key, &token, ttl, start, abort, None) {
+            Ok(Ok(Attempt::Won { fence, at })) => {
+                let lock = self.won(key, token, fence, start, options, start, 1, Some(at))?;
+                return Ok(Begun::Won(lock));
+            }
+            Ok(answered) => FirstTry::Answered(answered),
+            Err(op) => FirstTry::Sent(op),
+        };
+        Ok(Begun::Waiting(Waiting {
+            key,
+            start,
+            turns: Turns {
+                token,
+                first_len,
+                first,
+            },
+        }))
+    }
+
+    /// The rest of an acquisition that [`Self::begin_acquire`] could not finish: the first
+    /// try's answer, then the attempts of the retry policy until one wins.
+    pub async fn finish_acquire(
+        &self,
+        waiting: Waiting,
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+    ) -> Result<Lock> {
+        let Waiting { key, start, turns } = waiting;
         let mut place = None;
         match self
-            .take_turns(&key, options, abort, start, &mut place)
+            .take_turns(&key, options, abort, start, &mut place, turns)
             .await
         {
             Ok(won) => self.won(
@@ -272,8 +338,8 @@ impl Locker {
         }
     }
 
-    /// The attempts of one acquisition until one wins. `place` gets our waiter id once we ask
-    /// for a place in the backend's fair queue, when it keeps one.
+    /// The attempts of one acquisition after its first try, until one wins. `place` gets our
+    /// waiter id once we ask for a place in the backend's fair queue, when it keeps one.
     async fn take_turns(
         &self,
         key: &str,
@@ -281,27 +347,22 @@ impl Locker {
         abort: Option<&Abort>,
         start: f64,
         place: &mut Option<String>,
+        turns: Turns<FirstTry>,
     ) -> Result<Won> {
-        if abort.is_some_and(Abort::is_aborted) {
-            return Err(Error::Aborted);
-        }
-        let budget_end = options.retry.timeout.map(|t| start + t);
-        // The token source is asked once, when the acquisition starts (a source may depend on
-        // what runs then, as MutexManager's does).
-        let first_token = self.token()?;
-        let first_len = first_token.len();
-        let token = labelled(first_token, options.holder.as_deref());
-        let first = self
-            .attempt(
-                key,
-                &token,
-                first_ttl(options),
-                start,
-                budget_end,
-                abort,
-                None,
-            )
-            .await;
+        let Turns {
+            token,
+            first_len,
+            first,
+        } = turns;
+        let first = match first {
+            FirstTry::Answered(answered) => answered,
+            FirstTry::Sent(op) => {
+                let budget_end = options.retry.timeout.map(|t| start + t);
+                let ttl = first_ttl(options);
+                self.attempt_later(op, key, &token, ttl, start, budget_end, abort)
+                    .await
+            }
+        };
         if let Ok(Attempt::Won { fence, at }) = first {
             return Ok(Won {
                 token,
@@ -311,13 +372,13 @@ impl Locker {
                 at,
             });
         }
-        // Boxed: a first try that wins (the common call) never builds the retry loop's state,
-        // and the future it moves about on every call is smaller (936 bytes, from 1,352).
         let turns = Turns {
             token,
             first_len,
             first,
         };
+        // Boxed: a first try answered later that wins (the common call on a network backend)
+        // never builds the retry loop's state, and the future is much smaller without it.
         boxed(|| self.retry_turns(key, options, abort, start, place, turns)).await
     }
 
@@ -330,7 +391,7 @@ impl Locker {
         abort: Option<&Abort>,
         start: f64,
         place: &mut Option<String>,
-        turns: Turns,
+        turns: Turns<Result<Attempt>>,
     ) -> Result<Won> {
         let policy = &options.retry;
         let budget_end = policy.timeout.map(|t| start + t);
@@ -592,17 +653,66 @@ impl Locker {
         abort: Option<&Abort>,
         waiter: Option<&str>,
     ) -> Result<Attempt> {
+        match self.attempt_now(key, token, ttl, sent_at, abort, waiter) {
+            Ok(answered) => answered,
+            Err(op) => {
+                self.attempt_later(op, key, token, ttl, sent_at, budget_end, abort)
+                    .await
+            }
+        }
+    }
+
+    /// Sends an attempt and judges it when the backend answered within the call; else the
+    /// request, for [`Self::attempt_later`].
+    fn attempt_now(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        sent_at: f64,
+        abort: Option<&Abort>,
+        waiter: Option<&str>,
+    ) -> std::result::Result<Result<Attempt>, GrantOp> {
+        let mut op = self.grant_op(key, token, ttl, waiter);
+        if !op.is_ready() {
+            return Err(op);
+        }
+        let answer = (&mut op).now_or_never().expect("a ready answer");
+        let end = lease_end(sent_at, ttl);
+        Ok(self.judge(First::Left(answer), op, key, token, end, abort))
+    }
+
+    /// Waits for the answer of an attempt sent by [`Self::attempt_now`], within the lease and
+    /// the budget, and judges it. Boxed: this future sits in its caller's, and the deadline's
+    /// timer would make that several times larger.
+    #[allow(clippy::too_many_arguments)]
+    async fn attempt_later(
+        &self,
+        mut op: GrantOp,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        sent_at: f64,
+        budget_end: Option<f64>,
+        abort: Option<&Abort>,
+    ) -> Result<Attempt> {
         let end = lease_end(sent_at, ttl);
         let limit = budget_end.map_or(end, |b| b.min(end));
-        let mut op = self.grant_op(key, token, ttl, waiter);
-        // The wait for an answer not there yet is boxed apart: this future is built by value
-        // and moved into its caller on every acquisition, and the deadline's timer would
-        // make it several times larger.
-        let answer = if op.is_ready() {
-            First::Left((&mut op).now_or_never().expect("a ready answer"))
-        } else {
-            boxed(|| self.grant_in_time(&mut op, limit, abort)).await
-        };
+        let answer = boxed(|| self.grant_in_time(&mut op, limit, abort)).await;
+        self.judge(answer, op, key, token, end, abort)
+    }
+
+    /// What an attempt's answer (or what ended its wait first) makes of it. `end`: when the
+    /// lease it asked for would end.
+    fn judge(
+        &self,
+        answer: First<Result<Grant>, First<(), ()>>,
+        mut op: GrantOp,
+        key: &str,
+        token: &str,
+        end: f64,
+        abort: Option<&Abort>,
+    ) -> Result<Attempt> {
         let answer = match answer {
             First::Left(Ok(answer)) => answer,
             First::Left(Err(e)) => {
@@ -1022,10 +1132,33 @@ impl std::future::Future for GrantOp {
 
 /// What [`Locker::retry_turns`] goes on from: the first try's token (its first `first_len`
 /// bytes are the token source's, the rest is the holder's label) and outcome.
-struct Turns {
+/// An acquisition's token, and how its first try went (`F`: its answer, or the request
+/// still out).
+struct Turns<F> {
     token: String,
     first_len: usize,
-    first: Result<Attempt>,
+    first: F,
+}
+
+/// What [`Locker::begin_acquire`] did.
+pub enum Begun {
+    /// The first try won.
+    Won(Lock),
+    /// The acquisition goes on in [`Locker::finish_acquire`].
+    Waiting(Waiting),
+}
+
+/// An acquisition that [`Locker::begin_acquire`] could not finish within the call.
+pub struct Waiting {
+    key: String,
+    start: f64,
+    turns: Turns<FirstTry>,
+}
+
+/// The first try of an acquisition: answered within the call, or still out.
+enum FirstTry {
+    Answered(Result<Attempt>),
+    Sent(GrantOp),
 }
 
 /// A winning attempt of [`Locker::take_turns`].
