@@ -1,7 +1,7 @@
 //! Exports for locks: the state read on the clock, release, extend, one look at the backend,
 //! and forgetting a lock the facade no longer refers to.
 
-use locco_core::{validate_ttl, Error, Lock, LockState};
+use locco_core::{validate_ttl, Error, Lock, LockState, Releasing};
 use napi_derive::napi;
 
 use crate::ops::{self, Answer, Raw};
@@ -117,10 +117,18 @@ pub(crate) fn with_lock(lock_id: f64, op_id: f64, f: impl FnOnce(Lock) -> Raw) -
 /// facade then needs no second call.
 pub fn release(lock_id: f64, final_attempt: bool, op_id: f64, out: &mut [f64]) -> Raw {
     with_lock(lock_id, op_id, |l| {
-        let done = ops::start(
-            op_id,
-            ops::guard(move || async move { l.release(final_attempt).await.map(Answer::Bool) }),
-        );
+        // One clock reading for the release and the hand-off it may make (see `ops::start`).
+        let done = locco_core::one_reading(|| match l.begin_release(final_attempt) {
+            Releasing::Done(answer) => ops::finished(answer.map(Answer::Bool)),
+            Releasing::Sent(sent) => ops::start(
+                op_id,
+                ops::guard(move || async move {
+                    l.finish_release(sent, final_attempt)
+                        .await
+                        .map(Answer::Bool)
+                }),
+            ),
+        });
         if let Some(Ok(Answer::Bool(true))) = done {
             if let Some(token) = lock_end(lock_id, out) {
                 return Raw(token);

@@ -347,7 +347,9 @@ fn start_single(
 ) -> Raw {
     locco_core::one_reading(
         || match locker.begin_acquire(key, &options, abort.as_ref()) {
-            Ok(Begun::Won(lock)) => ops::done_now(Ok(Answer::Number(keep(locker_id, lock)))),
+            Ok(Begun::Won(lock)) => {
+                ops::finish(ops::finished(Ok(Answer::Number(keep(locker_id, lock)))))
+            }
             Ok(Begun::Waiting(waiting)) => {
                 let op = ops::guard(move || async move {
                     let lock = locker
@@ -357,7 +359,7 @@ fn start_single(
                 });
                 ops::run_guarded(op_id, op)
             }
-            Err(e) => ops::done_now(Err(e)),
+            Err(e) => ops::finish(ops::finished(Err(e))),
         },
     )
 }

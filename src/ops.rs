@@ -152,10 +152,10 @@ pub fn run_guarded(op_id: f64, fut: GuardedOp) -> Raw {
 }
 
 /// An operation that finished within the call without a future: its answer, once the tasks
-/// the call woke or started have run, as [`start`] runs them.
-pub fn done_now(answer: Result<Answer, Error>) -> Raw {
+/// the call woke or started (a waiter handed the key) have run, as [`start`] runs them.
+pub fn finished(answer: Result<Answer, Error>) -> Option<Result<Answer, Error>> {
     executor::drain();
-    finish(Some(answer))
+    Some(answer)
 }
 
 /// What an operation's future ends with: its answer, or the message of a panic inside it.

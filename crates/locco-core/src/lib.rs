@@ -45,7 +45,7 @@ pub use engine::error::{BackendErrorKind, Error, ForeignError, HeldReason, LostR
 pub use engine::event_loop::{EventLoop, LoopActivity, SocketWatch, LOOP_ACTIVITY};
 pub use engine::events::{Event, EventSink, LossListener};
 pub use engine::ids::{IdHasher, IdMap};
-pub use engine::lock::{lease_end, Lock, LockState, CLOCK_DRIFT_FACTOR};
+pub use engine::lock::{lease_end, Lock, LockState, Releasing, SentRelease, CLOCK_DRIFT_FACTOR};
 pub use engine::locker::holders::{permit_key, read_key, write_key, Holders, MAX_HOLDERS};
 pub use engine::locker::{Begun, Locker, Waiting, QUEUE_LEASE_MS, QUEUE_RECHECK_MS};
 pub use engine::options::{

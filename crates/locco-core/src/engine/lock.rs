@@ -3,6 +3,8 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use futures_util::FutureExt;
+
 use crate::engine::clock::checked_now;
 use crate::engine::error::{Error, LostReason, Result};
 use crate::engine::events::Event;
@@ -94,6 +96,21 @@ impl std::fmt::Debug for Lock {
     }
 }
 
+/// What [`Lock::begin_release`] did.
+pub enum Releasing {
+    /// Answered within the call.
+    Done(Result<bool>),
+    /// Sent; [`Lock::finish_release`] waits for the answer.
+    Sent(SentRelease),
+}
+
+/// A release request still out.
+pub struct SentRelease {
+    op: crate::backend::Op<bool>,
+    /// Whether the lock was held when it left (a lost one's answer is awaited in full).
+    was_held: bool,
+}
+
 impl Lock {
     /// A process-unique id.
     pub fn id(&self) -> u64 {
@@ -151,24 +168,48 @@ impl Lock {
     /// call can try again; with `final_attempt` the heartbeat stops all the same, because nobody
     /// will release the lock again.
     pub async fn release(&self, final_attempt: bool) -> Result<bool> {
+        match self.begin_release(final_attempt) {
+            Releasing::Done(answer) => answer,
+            Releasing::Sent(sent) => self.finish_release(sent, final_attempt).await,
+        }
+    }
+
+    /// The start of [`Self::release`], within the call: the whole of it when the backend
+    /// answered at once (in memory), so that such a release builds no future.
+    pub fn begin_release(&self, final_attempt: bool) -> Releasing {
         let inner = &self.0;
         if inner.state.get() == LockState::Released || inner.releasing.get() {
-            return Ok(false);
+            return Releasing::Done(Ok(false));
         }
         // No clock read before sending: a lease that already ran out is found by the read after.
         let was_held = inner.state.get() == LockState::Held;
         inner.releasing.set(true);
-        let op = inner.shared.backend.release(&inner.key, &inner.token);
-        let answer = if was_held && !op.is_ready() {
+        let mut op = inner.shared.backend.release(&inner.key, &inner.token);
+        if op.is_ready() {
+            let answer = (&mut op).now_or_never().expect("a ready answer");
+            return Releasing::Done(self.released(answer, final_attempt));
+        }
+        Releasing::Sent(SentRelease { op, was_held })
+    }
+
+    /// The rest of a release whose answer [`Self::begin_release`] did not have.
+    pub async fn finish_release(&self, sent: SentRelease, final_attempt: bool) -> Result<bool> {
+        let SentRelease { op, was_held } = sent;
+        let answer = if was_held {
             // Past the lease end the answer no longer matters: the key is free either way.
-            // Boxed apart, so that a release answered at once (in memory) builds no timer.
-            match Box::pin(first(op, inner.lease_over())).await {
+            match Box::pin(first(op, self.0.lease_over())).await {
                 First::Left(r) => r,
                 First::Right(()) => Ok(false),
             }
         } else {
             op.await
         };
+        self.released(answer, final_attempt)
+    }
+
+    /// Applies a release's answer to the lock.
+    fn released(&self, answer: Result<bool>, final_attempt: bool) -> Result<bool> {
+        let inner = &self.0;
         inner.releasing.set(false);
         match answer {
             Ok(deleted) => {
