@@ -104,7 +104,8 @@ pub enum Releasing {
     Sent(SentRelease),
 }
 
-/// A release request still out.
+/// A release request still out. Hand it to [`Lock::finish_release`] at once: until its answer
+/// is applied, the lock counts as being released.
 pub struct SentRelease {
     op: crate::backend::Op<bool>,
     /// Whether the lock was held when it left (a lost one's answer is awaited in full).

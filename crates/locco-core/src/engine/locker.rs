@@ -1148,7 +1148,9 @@ pub enum Begun {
     Waiting(Waiting),
 }
 
-/// An acquisition that [`Locker::begin_acquire`] could not finish within the call.
+/// An acquisition that [`Locker::begin_acquire`] could not finish within the call. Hand it to
+/// [`Locker::finish_acquire`] at once: its first request may be out, and only that gives back
+/// a grant nobody will use.
 pub struct Waiting {
     key: String,
     start: f64,
