@@ -34,6 +34,11 @@ impl Bad {
 
 /// Decodes UTF-16 that must be well-formed and hold no NUL.
 fn decode(units: &[u16]) -> Result<String, Bad> {
+    // Nearly every key is ASCII: a byte per unit, with no surrogate to pair.
+    if units.iter().all(|&u| u != 0 && u < 0x80) {
+        let bytes = units.iter().map(|&u| u as u8).collect();
+        return Ok(String::from_utf8(bytes).expect("ASCII is UTF-8"));
+    }
     let mut out = String::with_capacity(units.len());
     let mut at = 0;
     for c in char::decode_utf16(units.iter().copied()) {
@@ -124,6 +129,13 @@ mod tests {
     fn decodes_well_formed_text() {
         let key = "é".repeat(200) + "a😀";
         assert_eq!(decode(&utf16(&key)).unwrap(), key);
+    }
+
+    #[test]
+    fn decodes_ascii_byte_for_byte() {
+        let key = "order:42/~{tag}";
+        assert_eq!(decode(&utf16(key)).unwrap(), key);
+        assert_eq!(decode(&[]).unwrap(), "");
     }
 
     #[test]

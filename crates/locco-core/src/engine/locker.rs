@@ -290,12 +290,48 @@ impl Locker {
         options: &AcquireOptions,
         abort: Option<&Abort>,
     ) -> Result<Lock> {
-        let Waiting { key, start, turns } = waiting;
+        let Waiting {
+            key,
+            start,
+            turns:
+                Turns {
+                    token,
+                    first_len,
+                    first,
+                },
+        } = waiting;
+        let first = match first {
+            FirstTry::Answered(answered) => answered,
+            FirstTry::Sent(op) => {
+                let budget_end = options.retry.timeout.map(|t| start + t);
+                let (key, token, ttl) = (&key, &token, first_ttl(options));
+                boxed(|| self.attempt_later(op, key, token, ttl, start, budget_end, abort)).await
+            }
+        };
+        // `place` gets our waiter id once we ask for a place in the backend's fair queue.
         let mut place = None;
-        match self
-            .take_turns(&key, options, abort, start, &mut place, turns)
-            .await
-        {
+        let turns = match first {
+            Ok(Attempt::Won { fence, at }) => Ok(Won {
+                token,
+                sent_at: start,
+                fence,
+                attempts: 1,
+                at,
+            }),
+            // Boxed: a first try answered later that wins (the common call on a network
+            // backend) never builds the retry loop's state, and this future is much smaller
+            // without it.
+            first => {
+                let turns = Turns {
+                    token,
+                    first_len,
+                    first,
+                };
+                let (key, place) = (&key, &mut place);
+                boxed(|| self.retry_turns(key, options, abort, start, place, turns)).await
+            }
+        };
+        match turns {
             Ok(won) => self.won(
                 key,
                 won.token,
@@ -338,52 +374,9 @@ impl Locker {
         }
     }
 
-    /// The attempts of one acquisition after its first try, until one wins. `place` gets our
-    /// waiter id once we ask for a place in the backend's fair queue, when it keeps one.
-    async fn take_turns(
-        &self,
-        key: &str,
-        options: &AcquireOptions,
-        abort: Option<&Abort>,
-        start: f64,
-        place: &mut Option<String>,
-        turns: Turns<FirstTry>,
-    ) -> Result<Won> {
-        let Turns {
-            token,
-            first_len,
-            first,
-        } = turns;
-        let first = match first {
-            FirstTry::Answered(answered) => answered,
-            FirstTry::Sent(op) => {
-                let budget_end = options.retry.timeout.map(|t| start + t);
-                let ttl = first_ttl(options);
-                self.attempt_later(op, key, &token, ttl, start, budget_end, abort)
-                    .await
-            }
-        };
-        if let Ok(Attempt::Won { fence, at }) = first {
-            return Ok(Won {
-                token,
-                sent_at: start,
-                fence,
-                attempts: 1,
-                at,
-            });
-        }
-        let turns = Turns {
-            token,
-            first_len,
-            first,
-        };
-        // Boxed: a first try answered later that wins (the common call on a network backend)
-        // never builds the retry loop's state, and the future is much smaller without it.
-        boxed(|| self.retry_turns(key, options, abort, start, place, turns)).await
-    }
-
-    /// [`Self::take_turns`] after a first try that did not win: the attempts go on within the
-    /// retry policy.
+    /// The attempts of an acquisition whose first try did not win, within the retry policy.
+    /// `place` gets our waiter id once we ask for a place in the backend's fair queue, when it
+    /// keeps one.
     async fn retry_turns(
         &self,
         key: &str,
@@ -656,8 +649,7 @@ impl Locker {
         match self.attempt_now(key, token, ttl, sent_at, abort, waiter) {
             Ok(answered) => answered,
             Err(op) => {
-                self.attempt_later(op, key, token, ttl, sent_at, budget_end, abort)
-                    .await
+                boxed(|| self.attempt_later(op, key, token, ttl, sent_at, budget_end, abort)).await
             }
         }
     }
@@ -683,8 +675,8 @@ impl Locker {
     }
 
     /// Waits for the answer of an attempt sent by [`Self::attempt_now`], within the lease and
-    /// the budget, and judges it. Boxed: this future sits in its caller's, and the deadline's
-    /// timer would make that several times larger.
+    /// the budget, and judges it. Callers box it: their futures are built and moved about on
+    /// every acquisition, and the deadline's timer would make them several times larger.
     #[allow(clippy::too_many_arguments)]
     async fn attempt_later(
         &self,
@@ -698,7 +690,7 @@ impl Locker {
     ) -> Result<Attempt> {
         let end = lease_end(sent_at, ttl);
         let limit = budget_end.map_or(end, |b| b.min(end));
-        let answer = boxed(|| self.grant_in_time(&mut op, limit, abort)).await;
+        let answer = self.grant_in_time(&mut op, limit, abort).await;
         self.judge(answer, op, key, token, end, abort)
     }
 
@@ -1163,7 +1155,7 @@ enum FirstTry {
     Sent(GrantOp),
 }
 
-/// A winning attempt of [`Locker::take_turns`].
+/// A winning attempt of an acquisition.
 struct Won {
     token: String,
     sent_at: f64,
