@@ -690,7 +690,9 @@ impl Locker {
     ) -> Result<Attempt> {
         let end = lease_end(sent_at, ttl);
         let limit = budget_end.map_or(end, |b| b.min(end));
-        let answer = self.grant_in_time(&mut op, limit, abort).await;
+        // The answer, unless the limit passes (`Right(Left)`) or `abort` fires first.
+        let deadline = sleep_until(&*self.shared.rt.clock, &*self.shared.rt.timer, limit);
+        let answer = first(&mut op, first(deadline, aborted(abort))).await;
         self.judge(answer, op, key, token, end, abort)
     }
 
@@ -744,17 +746,6 @@ impl Locker {
             return Err(Error::Aborted);
         }
         Ok(Attempt::Won { fence, at: now })
-    }
-
-    /// The grant's answer, unless `limit` passes (`Right(Left)`) or `abort` fires first.
-    async fn grant_in_time(
-        &self,
-        op: &mut GrantOp,
-        limit: f64,
-        abort: Option<&Abort>,
-    ) -> First<Result<Grant>, First<(), ()>> {
-        let deadline = sleep_until(&*self.shared.rt.clock, &*self.shared.rt.timer, limit);
-        first(op, first(deadline, aborted(abort))).await
     }
 
     /// The grant request, in the fair queue as `waiter` when there is one.
