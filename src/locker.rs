@@ -345,23 +345,23 @@ fn start_single(
     abort: Option<Abort>,
     op_id: f64,
 ) -> Raw {
-    locco_core::one_reading(
-        || match locker.begin_acquire(key, &options, abort.as_ref()) {
-            Ok(Begun::Won(lock)) => {
-                ops::finish(ops::finished(Ok(Answer::Number(keep(locker_id, lock)))))
-            }
-            Ok(Begun::Waiting(waiting)) => {
-                let op = ops::guard(move || async move {
+    let done = locco_core::one_reading(|| {
+        let begun = locker.begin_acquire(key, &options, abort.as_ref());
+        match begun {
+            Ok(Begun::Won(lock)) => ops::finished(Ok(Answer::Number(keep(locker_id, lock)))),
+            Ok(Begun::Waiting(waiting)) => ops::start(
+                op_id,
+                ops::guard(move || async move {
                     let lock = locker
                         .finish_acquire(waiting, &options, abort.as_ref())
                         .await?;
                     Ok(Answer::Number(keep(locker_id, lock)))
-                });
-                ops::run_guarded(op_id, op)
-            }
-            Err(e) => ops::finish(ops::finished(Err(e))),
-        },
-    )
+                }),
+            ),
+            Err(e) => ops::finished(Err(e)),
+        }
+    });
+    ops::finish(done)
 }
 
 /// A fresh abort handle for one acquisition.
