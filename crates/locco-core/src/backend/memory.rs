@@ -392,26 +392,34 @@ impl Queue for MemoryBackend {
             return Op::ready(Ok(Queued::Granted(fence)));
         }
         let expires_at = now + lease as f64;
+        let join = |queue: &mut VecDeque<Place>| {
+            match queue
+                .iter_mut()
+                .position(|p| same_waiter(&p.waiter, waiter))
+            {
+                Some(i) => queue[i].expires_at = expires_at,
+                None => queue.push_back(Place {
+                    waiter: waiter.to_owned(),
+                    expires_at,
+                    wake: self.slot_for(waiter),
+                }),
+            }
+            queue
+                .front()
+                .is_some_and(|p| same_waiter(&p.waiter, waiter))
+        };
         let mut queues = self.queues.borrow_mut();
-        // Looked up before it is made: the key is copied only for a queue that is new.
-        if !queues.contains_key(key) {
-            queues.insert(key.to_owned(), VecDeque::new());
-        }
-        let queue = queues.get_mut(key).expect("just made");
-        match queue
-            .iter_mut()
-            .position(|p| same_waiter(&p.waiter, waiter))
-        {
-            Some(i) => queue[i].expires_at = expires_at,
-            None => queue.push_back(Place {
-                waiter: waiter.to_owned(),
-                expires_at,
-                wake: self.slot_for(waiter),
-            }),
-        }
-        let at_head = queue
-            .front()
-            .is_some_and(|p| same_waiter(&p.waiter, waiter));
+        // One lookup when the key has a queue (the common case: the key was held); the key is
+        // copied only for a queue that is new.
+        let at_head = match queues.get_mut(key) {
+            Some(queue) => join(queue),
+            None => {
+                let mut queue = VecDeque::new();
+                let at_head = join(&mut queue);
+                queues.insert(key.to_owned(), queue);
+                at_head
+            }
+        };
         drop(queues);
         let retry_in = at_head
             .then(|| self.live_until(key, now).map(|end| end - now))

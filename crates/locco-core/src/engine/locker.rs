@@ -3,6 +3,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use futures_util::future::Either;
 use futures_util::FutureExt;
 
 use crate::backend::holder::labelled;
@@ -635,22 +636,25 @@ impl Locker {
     /// One attempt with its own token, bounded by the lease (a later answer is useless) and
     /// the budget. Whatever else happens to a grant, it is given back by that token: the
     /// engine alone decides a grant's fate. `waiter`: our id in the backend's fair queue.
+    /// Sent at the call, not at the first poll. Not an `async fn`: its state would be held
+    /// inline in the retry loop's (232 bytes, copied into the loop's box on every wait); an
+    /// answer ready at once is kept as it is, and a later one is waited for in a box.
     #[allow(clippy::too_many_arguments)]
-    async fn attempt(
-        &self,
-        key: &str,
-        token: &str,
+    fn attempt<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
         ttl: u32,
         sent_at: f64,
         budget_end: Option<f64>,
-        abort: Option<&Abort>,
+        abort: Option<&'a Abort>,
         waiter: Option<&str>,
-    ) -> Result<Attempt> {
+    ) -> impl std::future::Future<Output = Result<Attempt>> + 'a {
         match self.attempt_now(key, token, ttl, sent_at, abort, waiter) {
-            Ok(answered) => answered,
-            Err(op) => {
-                boxed(|| self.attempt_later(op, key, token, ttl, sent_at, budget_end, abort)).await
-            }
+            Ok(answered) => Either::Left(std::future::ready(answered)),
+            Err(op) => Either::Right(boxed(|| {
+                self.attempt_later(op, key, token, ttl, sent_at, budget_end, abort)
+            })),
         }
     }
 
