@@ -36,6 +36,10 @@ pub trait TimeSource {
     fn monotonic(&self) -> f64;
     /// Milliseconds of the wall clock, which keeps counting through such pauses.
     fn wall(&self) -> f64;
+    /// Both, (monotonic, wall): one reading for a source that reads them together.
+    fn both(&self) -> (f64, f64) {
+        (self.monotonic(), self.wall())
+    }
 }
 
 /// The process's clocks.
@@ -70,12 +74,22 @@ impl TimeSource for SystemSource {
     fn wall(&self) -> f64 {
         shared_reading().1
     }
+    fn both(&self) -> (f64, f64) {
+        shared_reading()
+    }
+}
+
+/// The [`one_reading`] scopes open on this thread, and the reading they share: one
+/// thread-local, read once per reading (in the addon, a shared library, each thread-local
+/// access is a call into the dynamic loader).
+#[derive(Clone, Copy)]
+struct Scopes {
+    open: u32,
+    reading: Option<(f64, f64)>,
 }
 
 thread_local! {
-    /// How many [`one_reading`] scopes are open on this thread, and the reading they share.
-    static SCOPES: Cell<u32> = const { Cell::new(0) };
-    static READING: Cell<Option<(f64, f64)>> = const { Cell::new(None) };
+    static SCOPES: Cell<Scopes> = const { Cell::new(Scopes { open: 0, reading: None }) };
 }
 
 /// Runs `f` with the process's clocks read at most once: every reading of [`SystemSource`] and
@@ -87,16 +101,19 @@ pub fn one_reading<R>(f: impl FnOnce() -> R) -> R {
     struct Close;
     impl Drop for Close {
         fn drop(&mut self) {
-            let open = SCOPES.with(|s| {
-                s.set(s.get() - 1);
-                s.get()
+            SCOPES.with(|s| {
+                let open = s.get().open - 1;
+                // The last scope closed forgets the reading.
+                let reading = s.get().reading.filter(|_| open > 0);
+                s.set(Scopes { open, reading });
             });
-            if open == 0 {
-                READING.with(|r| r.set(None));
-            }
         }
     }
-    SCOPES.with(|s| s.set(s.get() + 1));
+    SCOPES.with(|s| {
+        let mut scopes = s.get();
+        scopes.open += 1;
+        s.set(scopes);
+    });
     let _close = Close;
     f()
 }
@@ -104,7 +121,11 @@ pub fn one_reading<R>(f: impl FnOnce() -> R) -> R {
 /// Forgets the shared reading of the open [`one_reading`] scope: code outside the engine
 /// (JavaScript) is about to run, and may take any time.
 pub fn fresh_reading() {
-    READING.with(|r| r.set(None));
+    SCOPES.with(|s| {
+        let mut scopes = s.get();
+        scopes.reading = None;
+        s.set(scopes);
+    });
 }
 
 /// The monotonic clock in ms, read as [`MonotonicClock`] reads it: within a [`one_reading`]
@@ -115,14 +136,20 @@ pub fn monotonic_reading() -> f64 {
 
 /// (monotonic, wall): the scope's shared reading, or a new one.
 fn shared_reading() -> (f64, f64) {
-    if let Some(reading) = READING.with(Cell::get) {
-        return reading;
-    }
-    let reading = (monotonic_ms(), coarse_wall_ms());
-    if SCOPES.with(Cell::get) > 0 {
-        READING.with(|r| r.set(Some(reading)));
-    }
-    reading
+    SCOPES.with(|s| {
+        let scopes = s.get();
+        if let Some(reading) = scopes.reading {
+            return reading;
+        }
+        let reading = (monotonic_ms(), coarse_wall_ms());
+        if scopes.open > 0 {
+            s.set(Scopes {
+                open: scopes.open,
+                reading: Some(reading),
+            });
+        }
+        reading
+    })
 }
 
 /// The wall clock at the kernel tick's resolution (a few ms): plenty to see a pause of more
@@ -177,7 +204,7 @@ impl LeaseClock<SystemSource> {
 
 impl<S: TimeSource> LeaseClock<S> {
     pub fn new(source: S) -> Self {
-        let last = (source.monotonic(), source.wall());
+        let last = source.both();
         LeaseClock {
             source,
             last: Cell::new(last),
@@ -188,7 +215,7 @@ impl<S: TimeSource> LeaseClock<S> {
 
 impl<S: TimeSource> Clock for LeaseClock<S> {
     fn now(&self) -> f64 {
-        let (mono, wall) = (self.source.monotonic(), self.source.wall());
+        let (mono, wall) = self.source.both();
         let (last_mono, last_wall) = self.last.get();
         let unseen = (wall - last_wall) - (mono - last_mono);
         if unseen > PAUSE_THRESHOLD_MS {
