@@ -19,10 +19,10 @@ struct Entry {
 }
 
 /// Whether two waiter ids are the same. Ids share a long prefix and differ in their serial
-/// number at the end, so the end is compared first: the queue is scanned for an id on every
-/// join.
+/// number at the end, so the last byte is compared first (the queue is scanned for an id on
+/// every join), then the whole at once.
 fn same_waiter(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().rev().eq(b.bytes().rev())
+    a.len() == b.len() && a.as_bytes().last() == b.as_bytes().last() && a == b
 }
 
 impl Entry {
@@ -63,6 +63,23 @@ impl Wake {
     }
 }
 
+/// A key's queue: its places in order, and a time no place's lease ends before, so that a
+/// look at the queue drops the places that ran out only when one may have (every grant and
+/// release looks).
+struct Line {
+    places: VecDeque<Place>,
+    first_end: f64,
+}
+
+impl Line {
+    fn new() -> Self {
+        Line {
+            places: VecDeque::new(),
+            first_end: f64::INFINITY,
+        }
+    }
+}
+
 /// What `wakeups` answers: the slot of the waiter's place.
 struct Listener(Rc<Wake>);
 
@@ -85,7 +102,7 @@ pub struct MemoryBackend {
     clock: Rc<dyn Clock>,
     entries: RefCell<KeyMap<String, Entry>>,
     fences: RefCell<KeyMap<String, u64>>,
-    queues: RefCell<KeyMap<String, VecDeque<Place>>>,
+    queues: RefCell<KeyMap<String, Line>>,
     /// Listeners whose waiter has no place: it ran out (a stalled waiter), or the join never
     /// arrived (a wrapper that loses requests). The waiter's next join takes its slot back.
     unplaced: RefCell<KeyMap<String, Rc<Wake>>>,
@@ -139,17 +156,24 @@ impl MemoryBackend {
         f: impl FnOnce(&mut VecDeque<Place>) -> R,
     ) -> Option<R> {
         let mut queues = self.queues.borrow_mut();
-        let queue = queues.get_mut(key)?;
-        queue.retain(|p| {
-            let live = p.expires_at > now;
-            // Somebody still listens on a place that ran out: the slot waits for its rejoin.
-            if !live && Rc::strong_count(&p.wake) > 1 {
-                self.keep_unplaced(&p.waiter, p.wake.clone());
-            }
-            live
-        });
-        let answer = f(queue);
-        if queue.is_empty() {
+        let line = queues.get_mut(key)?;
+        if line.first_end <= now {
+            let mut first_end = f64::INFINITY;
+            line.places.retain(|p| {
+                let live = p.expires_at > now;
+                // Somebody still listens on a place that ran out: the slot waits for its rejoin.
+                if !live && Rc::strong_count(&p.wake) > 1 {
+                    self.keep_unplaced(&p.waiter, p.wake.clone());
+                }
+                if live {
+                    first_end = first_end.min(p.expires_at);
+                }
+                live
+            });
+            line.first_end = first_end;
+        }
+        let answer = f(&mut line.places);
+        if line.places.is_empty() {
             queues.remove(key);
         }
         Some(answer)
@@ -392,17 +416,22 @@ impl Queue for MemoryBackend {
             return Op::ready(Ok(Queued::Granted(fence)));
         }
         let expires_at = now + lease as f64;
-        let join = |queue: &mut VecDeque<Place>| {
+        let join = |line: &mut Line| {
+            let queue = &mut line.places;
             match queue
                 .iter_mut()
                 .position(|p| same_waiter(&p.waiter, waiter))
             {
+                // A later end: `first_end` stays a time no place ends before.
                 Some(i) => queue[i].expires_at = expires_at,
-                None => queue.push_back(Place {
-                    waiter: waiter.to_owned(),
-                    expires_at,
-                    wake: self.slot_for(waiter),
-                }),
+                None => {
+                    queue.push_back(Place {
+                        waiter: waiter.to_owned(),
+                        expires_at,
+                        wake: self.slot_for(waiter),
+                    });
+                    line.first_end = line.first_end.min(expires_at);
+                }
             }
             queue
                 .front()
@@ -414,9 +443,9 @@ impl Queue for MemoryBackend {
         let at_head = match queues.get_mut(key) {
             Some(queue) => join(queue),
             None => {
-                let mut queue = VecDeque::new();
-                let at_head = join(&mut queue);
-                queues.insert(key.to_owned(), queue);
+                let mut line = Line::new();
+                let at_head = join(&mut line);
+                queues.insert(key.to_owned(), line);
                 at_head
             }
         };
@@ -430,7 +459,7 @@ impl Queue for MemoryBackend {
     fn leave(&self, key: &str, waiter: &str) -> Op<()> {
         let was_head = {
             let mut queues = self.queues.borrow_mut();
-            let Some(queue) = queues.get_mut(key) else {
+            let Some(Line { places: queue, .. }) = queues.get_mut(key) else {
                 return Op::ready(Ok(()));
             };
             let was_head = queue
@@ -449,8 +478,9 @@ impl Queue for MemoryBackend {
     }
 
     fn wakeups(&self, key: &str, waiter: &str) -> Box<dyn Waiter> {
-        let placed = self.queues.borrow().get(key).and_then(|q| {
-            q.iter()
+        let placed = self.queues.borrow().get(key).and_then(|line| {
+            line.places
+                .iter()
                 .find(|p| same_waiter(&p.waiter, waiter))
                 .map(|p| p.wake.clone())
         });
