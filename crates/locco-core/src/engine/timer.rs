@@ -2,7 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -221,16 +221,26 @@ impl Timer for Rc<ManualClock> {
     }
 }
 
-/// The sleeps of one thread, in an ordered map on that thread; only the earliest is handed to
-/// the base timer. Registering or cancelling a sleep is then a map operation, with no lock
-/// and no wake-up of the timer thread, which matters when every contended acquisition waits.
+/// The sleeps of one thread, on that thread; only the earliest is handed to the base timer.
+/// Registering or cancelling a sleep is then a local operation, with no lock and no wake-up
+/// of the timer thread, which matters when every contended acquisition waits.
 #[derive(Clone)]
 pub struct LocalTimer(Rc<LocalTimerState>);
+
+/// How many sleeps the in-order lane holds at most. A sleep cancelled behind one still
+/// running keeps its (empty) place until those before it end; this bounds such places.
+const LANE_MAX: usize = 4096;
 
 struct LocalTimerState {
     base: Rc<dyn Timer>,
     spawner: Rc<dyn crate::engine::task::Spawn>,
-    /// Sleeps by (deadline in monotonic microseconds, serial number).
+    /// Sleeps whose deadline came in order (at or after the last one's): most sleeps are the
+    /// same backstop from now, so most land here, where registering is a push and a
+    /// cancel clears a place found by its serial number, rather than a search of the map.
+    lane: RefCell<VecDeque<(u64, Option<Waker>)>>,
+    /// The serial number of the lane's front.
+    lane_start: Cell<u64>,
+    /// The other sleeps, by (deadline in monotonic microseconds, serial number).
     entries: RefCell<std::collections::BTreeMap<(u64, u64), Waker>>,
     next_id: Cell<u64>,
     driving: Cell<bool>,
@@ -243,6 +253,8 @@ impl LocalTimer {
         LocalTimer(Rc::new(LocalTimerState {
             base,
             spawner,
+            lane: RefCell::default(),
+            lane_start: Cell::new(0),
             entries: RefCell::default(),
             next_id: Cell::new(0),
             driving: Cell::new(false),
@@ -251,12 +263,104 @@ impl LocalTimer {
     }
 }
 
+impl LocalTimerState {
+    /// Registers a sleep until `at`: where it went, with its serial number.
+    fn register(&self, at: u64, waker: &Waker) -> Place {
+        let mut lane = self.lane.borrow_mut();
+        let in_order = lane.back().is_none_or(|(last, _)| *last <= at);
+        if in_order && lane.len() < LANE_MAX {
+            lane.push_back((at, Some(waker.clone())));
+            return Place::Lane(self.lane_start.get() + lane.len() as u64 - 1);
+        }
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        self.entries.borrow_mut().insert((at, id), waker.clone());
+        Place::Map(id)
+    }
+
+    /// Refreshes the waker of a registered sleep; false when it is registered no more (its
+    /// deadline passed and the driver woke it).
+    fn refresh(&self, at: u64, place: Place, waker: &Waker) -> bool {
+        match place {
+            Place::Lane(n) => {
+                let mut lane = self.lane.borrow_mut();
+                let Some(i) = n.checked_sub(self.lane_start.get()) else {
+                    return false;
+                };
+                match lane.get_mut(i as usize) {
+                    Some((_, w)) => {
+                        *w = Some(waker.clone());
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Place::Map(id) => match self.entries.borrow_mut().get_mut(&(at, id)) {
+                Some(w) => {
+                    w.clone_from(waker);
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+
+    fn cancel(&self, at: u64, place: Place) {
+        match place {
+            Place::Lane(n) => {
+                let mut lane = self.lane.borrow_mut();
+                if let Some(i) = n.checked_sub(self.lane_start.get()) {
+                    if let Some((_, w)) = lane.get_mut(i as usize) {
+                        *w = None;
+                    }
+                }
+                self.sweep(&mut lane, 0);
+            }
+            Place::Map(id) => {
+                self.entries.borrow_mut().remove(&(at, id));
+            }
+        }
+    }
+
+    /// Drops the lane's front while it is cancelled or due by `now` (0: only cancelled ones),
+    /// answering the wakers of the due ones.
+    fn sweep(&self, lane: &mut VecDeque<(u64, Option<Waker>)>, now: u64) -> Vec<Waker> {
+        let mut due = Vec::new();
+        while let Some((at, waker)) = lane.front_mut() {
+            if waker.is_some() && *at > now {
+                break;
+            }
+            due.extend(waker.take());
+            lane.pop_front();
+            self.lane_start.set(self.lane_start.get() + 1);
+        }
+        due
+    }
+
+    /// The earliest deadline left.
+    fn earliest(&self) -> Option<u64> {
+        let lane = self.lane.borrow().front().map(|(at, _)| *at);
+        let map = self.entries.borrow().keys().next().map(|(at, _)| *at);
+        match (lane, map) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// Where a registered sleep is: the in-order lane (by serial number) or the map.
+#[derive(Clone, Copy)]
+enum Place {
+    Lane(u64),
+    Map(u64),
+}
+
 impl Timer for LocalTimer {
     fn sleep(&self, ms: f64) -> Sleep {
         let ms = if ms.is_finite() { ms.max(0.0) } else { 1e12 };
         Box::pin(LocalSleep {
             at: now_us() + (ms * 1000.0) as u64,
-            id: None,
+            place: None,
             // A sleep made for a positive time cannot be over at its first poll, which
             // follows at once: that poll need not read the clock again.
             fresh: ms > 0.0,
@@ -267,7 +371,7 @@ impl Timer for LocalTimer {
 
 struct LocalSleep {
     at: u64,
-    id: Option<u64>,
+    place: Option<Place>,
     fresh: bool,
     state: Rc<LocalTimerState>,
 }
@@ -276,30 +380,24 @@ impl Future for LocalSleep {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if !std::mem::take(&mut self.fresh) && now_us() >= self.at {
-            if let Some(id) = self.id.take() {
-                self.state.entries.borrow_mut().remove(&(self.at, id));
+            if let Some(place) = self.place.take() {
+                self.state.cancel(self.at, place);
             }
             return Poll::Ready(());
         }
-        let id = match self.id {
-            Some(id) => id,
-            None => {
-                let id = self.state.next_id.get();
-                self.state.next_id.set(id + 1);
-                self.id = Some(id);
-                id
-            }
-        };
-        self.state
-            .entries
-            .borrow_mut()
-            .insert((self.at, id), cx.waker().clone());
+        let at = self.at;
+        let registered = self
+            .place
+            .is_some_and(|place| self.state.refresh(at, place, cx.waker()));
+        if !registered {
+            self.place = Some(self.state.register(at, cx.waker()));
+        }
         let state = &self.state;
         if !state.driving.replace(true) {
             state.spawner.spawn(Box::pin(drive(state.clone())));
         } else {
             let earlier = match &*state.armed.borrow() {
-                Some((armed, w)) if self.at < *armed => Some(w.clone()),
+                Some((armed, w)) if at < *armed => Some(w.clone()),
                 _ => None,
             };
             if let Some(w) = earlier {
@@ -312,8 +410,8 @@ impl Future for LocalSleep {
 
 impl Drop for LocalSleep {
     fn drop(&mut self) {
-        if let Some(id) = self.id {
-            self.state.entries.borrow_mut().remove(&(self.at, id));
+        if let Some(place) = self.place {
+            self.state.cancel(self.at, place);
         }
     }
 }
@@ -328,24 +426,21 @@ fn now_us() -> u64 {
 async fn drive(state: Rc<LocalTimerState>) {
     loop {
         let now = now_us();
-        let due: Vec<Waker> = {
+        let mut due = state.sweep(&mut state.lane.borrow_mut(), now);
+        {
             let mut entries = state.entries.borrow_mut();
             let later = entries.split_off(&(now, u64::MAX));
-            std::mem::replace(&mut *entries, later)
-                .into_values()
-                .collect()
-        };
+            due.extend(std::mem::replace(&mut *entries, later).into_values());
+        }
         due.into_iter().for_each(Waker::wake);
-        let earliest = state.entries.borrow().keys().next().map(|(at, _)| *at);
-        let Some(at) = earliest else {
+        let Some(at) = state.earliest() else {
             state.driving.set(false);
             *state.armed.borrow_mut() = None;
             return;
         };
         let wait = state.base.sleep(at.saturating_sub(now) as f64 / 1000.0);
         let earlier = std::future::poll_fn(|cx| {
-            let head = state.entries.borrow().keys().next().map(|(a, _)| *a);
-            if head.is_some_and(|h| h < at) {
+            if state.earliest().is_some_and(|h| h < at) {
                 return Poll::Ready(());
             }
             *state.armed.borrow_mut() = Some((at, cx.waker().clone()));
@@ -388,10 +483,69 @@ mod tests {
         pool.run();
         assert_eq!(*order.borrow(), ["early", "late"]);
         assert!(started.elapsed() >= Duration::from_millis(55));
-        assert!(timer.0.entries.borrow().is_empty());
+        assert!(timer.0.entries.borrow().is_empty() && timer.0.lane.borrow().is_empty());
         assert!(
             !timer.0.driving.get(),
             "the driver stops when nothing is left"
         );
+    }
+
+    #[test]
+    fn sleeps_in_the_lane_and_in_the_map_wake_in_deadline_order() {
+        let mut pool = LocalPool::new();
+        let timer = LocalTimer::new(Rc::new(ThreadTimer), Rc::new(Spawner(pool.spawner())));
+        let order = Rc::new(RefCell::new(Vec::new()));
+        // 40 and 70 come in order (the lane), 10 and 55 after a later one (the map); "gone"
+        // is cancelled while in the lane behind a sleep that still runs.
+        for (name, ms) in [
+            ("40", 40.0),
+            ("10", 10.0),
+            ("gone", 50.0),
+            ("70", 70.0),
+            ("55", 55.0),
+        ] {
+            let (t, o) = (timer.clone(), order.clone());
+            pool.spawner()
+                .spawn_local(async move {
+                    if name == "gone" {
+                        // Registered by one poll, then dropped before its deadline.
+                        let mut sleep = t.sleep(ms);
+                        let polled =
+                            std::future::poll_fn(|cx| Poll::Ready(sleep.as_mut().poll(cx)));
+                        assert!(polled.await.is_pending());
+                        return;
+                    }
+                    t.sleep(ms).await;
+                    o.borrow_mut().push(name);
+                })
+                .unwrap();
+        }
+        pool.run_until_stalled();
+        assert_eq!(timer.0.lane.borrow().len(), 3, "40, the cancelled 50, 70");
+        assert_eq!(timer.0.entries.borrow().len(), 2, "10 and 55");
+        pool.run();
+        assert_eq!(*order.borrow(), ["10", "40", "55", "70"]);
+        assert!(timer.0.entries.borrow().is_empty() && timer.0.lane.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_cancelled_front_of_the_lane_is_swept_at_once() {
+        let pool = LocalPool::new();
+        let timer = LocalTimer::new(Rc::new(ThreadTimer), Rc::new(Spawner(pool.spawner())));
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut sleeps: Vec<Sleep> = (1..=3)
+            .map(|i| timer.sleep(f64::from(i) * 1000.0))
+            .collect();
+        for s in &mut sleeps {
+            assert!(s.as_mut().poll(&mut cx).is_pending());
+        }
+        // The middle one keeps its place (the first still runs); the first takes both along.
+        drop(sleeps.remove(1));
+        assert_eq!(timer.0.lane.borrow().len(), 3);
+        drop(sleeps.remove(0));
+        assert_eq!(timer.0.lane.borrow().len(), 1);
+        drop(sleeps);
+        assert!(timer.0.lane.borrow().is_empty());
     }
 }
