@@ -78,6 +78,58 @@ impl Line {
             first_end: f64::INFINITY,
         }
     }
+
+    /// Drops the places that ran out by `now`. A slot somebody still listens on waits in
+    /// `backend` for its waiter's rejoin.
+    fn prune(&mut self, now: f64, backend: &MemoryBackend) {
+        if self.first_end > now {
+            return;
+        }
+        let mut first_end = f64::INFINITY;
+        self.places.retain(|p| {
+            let live = p.expires_at > now;
+            if !live && Rc::strong_count(&p.wake) > 1 {
+                backend.keep_unplaced(&p.waiter, p.wake.clone());
+            }
+            if live {
+                first_end = first_end.min(p.expires_at);
+            }
+            live
+        });
+        self.first_end = first_end;
+    }
+
+    /// The slot of the live head.
+    fn head(&mut self, now: f64, backend: &MemoryBackend) -> Option<Rc<Wake>> {
+        self.prune(now, backend);
+        self.places.front().map(|p| p.wake.clone())
+    }
+
+    fn at_head(&self, waiter: &str) -> bool {
+        self.places
+            .front()
+            .is_some_and(|p| same_waiter(&p.waiter, waiter))
+    }
+}
+
+/// What the backend keeps of one key: its lease and its queue, under one key of one map, so
+/// that a grant, a join or a release looks the key up once.
+struct KeyState {
+    /// The lease: live, run out, or left by a release for the next waiter's grant to refill
+    /// (which then allocates neither the key nor the token again).
+    entry: Option<Entry>,
+    line: Line,
+}
+
+impl KeyState {
+    fn live_entry(&self, now: f64) -> Option<&Entry> {
+        self.entry.as_ref().filter(|e| e.live(now))
+    }
+
+    /// Neither a lease nor a waiter: the key can go.
+    fn unused(&self) -> bool {
+        self.entry.is_none() && self.line.places.is_empty()
+    }
 }
 
 /// What `wakeups` answers: the slot of the waiter's place.
@@ -100,9 +152,8 @@ impl Waiter for Listener {
 /// polls first.
 pub struct MemoryBackend {
     clock: Rc<dyn Clock>,
-    entries: RefCell<KeyMap<String, Entry>>,
+    keys: RefCell<KeyMap<String, KeyState>>,
     fences: RefCell<KeyMap<String, u64>>,
-    queues: RefCell<KeyMap<String, Line>>,
     /// Listeners whose waiter has no place: it ran out (a stalled waiter), or the join never
     /// arrived (a wrapper that loses requests). The waiter's next join takes its slot back.
     unplaced: RefCell<KeyMap<String, Rc<Wake>>>,
@@ -121,9 +172,8 @@ impl MemoryBackend {
     pub fn new(clock: Rc<dyn Clock>) -> Self {
         MemoryBackend {
             clock,
-            entries: RefCell::default(),
+            keys: RefCell::default(),
             fences: RefCell::default(),
-            queues: RefCell::default(),
             unplaced: RefCell::default(),
             records: RefCell::default(),
         }
@@ -131,58 +181,33 @@ impl MemoryBackend {
 
     /// Forgets every lock. Fencing counters stay, so tokens keep growing.
     pub fn clear(&self) {
-        self.entries.borrow_mut().clear();
-        let keys: Vec<String> = self.queues.borrow().keys().cloned().collect();
-        keys.iter().for_each(|k| self.wake_head(k));
+        let now = self.clock.now();
+        let heads: Vec<Rc<Wake>> = {
+            let mut keys = self.keys.borrow_mut();
+            keys.retain(|_, state| {
+                state.entry = None;
+                state.line.prune(now, self);
+                !state.unused()
+            });
+            keys.values_mut()
+                .filter_map(|state| state.line.head(now, self))
+                .collect()
+        };
+        // Woken outside the borrow: a waker may reach back into the backend.
+        heads.iter().for_each(|head| head.wake());
     }
 
     /// How many keys carry a live lease.
     pub fn len(&self) -> usize {
         let now = self.clock.now();
-        let entries = self.entries.borrow();
-        entries.values().filter(|e| e.live(now)).count()
+        let keys = self.keys.borrow();
+        keys.values()
+            .filter(|s| s.live_entry(now).is_some())
+            .count()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Runs `f` on `key`'s queue after dropping the places that ran out, and forgets the queue
-    /// when it is left empty. `None` when the key has no queue.
-    fn live_queue<R>(
-        &self,
-        key: &str,
-        now: f64,
-        f: impl FnOnce(&mut VecDeque<Place>) -> R,
-    ) -> Option<R> {
-        let mut queues = self.queues.borrow_mut();
-        let line = queues.get_mut(key)?;
-        if line.first_end <= now {
-            let mut first_end = f64::INFINITY;
-            line.places.retain(|p| {
-                let live = p.expires_at > now;
-                // Somebody still listens on a place that ran out: the slot waits for its rejoin.
-                if !live && Rc::strong_count(&p.wake) > 1 {
-                    self.keep_unplaced(&p.waiter, p.wake.clone());
-                }
-                if live {
-                    first_end = first_end.min(p.expires_at);
-                }
-                live
-            });
-            line.first_end = first_end;
-        }
-        let answer = f(&mut line.places);
-        if line.places.is_empty() {
-            queues.remove(key);
-        }
-        Some(answer)
-    }
-
-    /// The slot of the live head of `key`'s queue.
-    fn head(&self, key: &str, now: f64) -> Option<Rc<Wake>> {
-        self.live_queue(key, now, |q| q.front().map(|p| p.wake.clone()))
-            .flatten()
     }
 
     /// Keeps the slot of a listener whose waiter has no place, forgetting those nobody
@@ -205,74 +230,88 @@ impl MemoryBackend {
 
     /// Pushes a wake to the head of `key`'s queue, when the key is free.
     fn wake_head(&self, key: &str) {
-        self.wake_head_at(key, self.clock.now());
-    }
-
-    /// [`Self::wake_head`] with the clock already read: each reading costs more than the
-    /// map lookups of a whole release.
-    fn wake_head_at(&self, key: &str, now: f64) {
-        if self.live_until(key, now).is_none() {
-            // Woken outside the queue's borrow: a waker may reach back into the backend.
-            if let Some(head) = self.head(key, now) {
-                head.wake();
+        let now = self.clock.now();
+        let head = {
+            let mut keys = self.keys.borrow_mut();
+            let Some(state) = keys.get_mut(key) else {
+                return;
+            };
+            if state.live_entry(now).is_some() {
+                return;
             }
+            let head = state.line.head(now, self);
+            if state.unused() {
+                keys.remove(key);
+            }
+            head
+        };
+        // Woken outside the borrow: a waker may reach back into the backend.
+        if let Some(head) = head {
+            head.wake();
         }
     }
 
-    fn live_until(&self, key: &str, now: f64) -> Option<f64> {
-        let entries = self.entries.borrow();
-        entries
-            .get(key)
-            .filter(|e| e.live(now))
-            .map(|e| e.expires_at)
-    }
-
-    /// A grant for `key`, when it is free and `waiter` may take it: nobody waits, or it is
-    /// the head of the queue (then it leaves the queue). The key is looked up once: a
-    /// hand-off makes three grants, and each lookup hashes the key.
-    fn grant_in_turn(
+    /// Grants `key`'s lease to `token` when it is free and `waiter` may take it: nobody waits,
+    /// or it is the head of the queue (then it leaves the queue).
+    fn grant_in(
         &self,
-        key: &str,
+        state: &mut KeyState,
         token: &str,
         ttl: u32,
         waiter: Option<&str>,
         now: f64,
     ) -> bool {
-        let mut entries = self.entries.borrow_mut();
-        let entry = entries.get_mut(key);
-        if entry.as_ref().is_some_and(|e| e.live(now)) {
+        if state.live_entry(now).is_some() {
             return false;
         }
-        // The head is compared in place: cloning it cost an allocation per hand-off.
-        let our_turn = self.live_queue(key, now, |queue| match queue.front() {
-            None => true,
-            Some(head) if waiter.is_some_and(|w| same_waiter(&head.waiter, w)) => {
-                queue.pop_front();
-                true
+        state.line.prune(now, self);
+        if !state.line.places.is_empty() {
+            // The head is compared in place: cloning it cost an allocation per hand-off.
+            if !waiter.is_some_and(|w| state.line.at_head(w)) {
+                return false;
             }
-            Some(_) => false,
-        });
-        if our_turn == Some(false) {
-            return false;
+            state.line.places.pop_front();
         }
         let expires_at = now + ttl as f64;
-        match entry {
+        match &mut state.entry {
             // An entry whose lease ended (or that a release left for the next waiter) is
-            // refilled: no new key or token is allocated.
+            // refilled: no new token is allocated.
             Some(e) => {
                 e.token.clear();
                 e.token.push_str(token);
                 e.expires_at = expires_at;
             }
             None => {
-                let entry = Entry {
+                state.entry = Some(Entry {
                     token: token.to_owned(),
                     expires_at,
-                };
-                entries.insert(key.to_owned(), entry);
+                })
             }
         }
         true
+    }
+
+    /// A fresh key's state, its lease granted to `token`.
+    fn granted(token: &str, ttl: u32, now: f64) -> KeyState {
+        KeyState {
+            entry: Some(Entry {
+                token: token.to_owned(),
+                expires_at: now + ttl as f64,
+            }),
+            line: Line::new(),
+        }
+    }
+
+    /// [`Self::grant_in`] for `key`, which is added when it is new.
+    fn grant(&self, key: &str, token: &str, ttl: u32, now: f64) -> bool {
+        let mut keys = self.keys.borrow_mut();
+        match keys.get_mut(key) {
+            Some(state) => self.grant_in(state, token, ttl, None, now),
+            None => {
+                keys.insert(key.to_owned(), Self::granted(token, ttl, now));
+                true
+            }
+        }
     }
 
     fn fence_next(&self, key: &str) -> u64 {
@@ -283,8 +322,8 @@ impl MemoryBackend {
     }
 
     /// What an operator sees of `key` at `now`.
-    fn info(&self, key: &str, entry: Option<&Entry>, now: f64) -> KeyInfo {
-        let live = entry.filter(|e| e.live(now));
+    fn info(&self, key: &str, state: Option<&KeyState>, now: f64) -> KeyInfo {
+        let live = state.and_then(|s| s.live_entry(now));
         KeyInfo {
             key: key.to_owned(),
             held: live.is_some(),
@@ -297,8 +336,8 @@ impl MemoryBackend {
     /// Runs `f` on the entry when `key` carries `token` and a live lease.
     fn ours<R>(&self, key: &str, token: &str, f: impl FnOnce(&mut Entry, f64) -> R) -> Option<R> {
         let now = self.clock.now();
-        let mut entries = self.entries.borrow_mut();
-        match entries.get_mut(key) {
+        let mut keys = self.keys.borrow_mut();
+        match keys.get_mut(key).and_then(|s| s.entry.as_mut()) {
             Some(e) if e.held_by(token, now) => Some(f(e, now)),
             _ => None,
         }
@@ -312,26 +351,27 @@ impl Backend for MemoryBackend {
 
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
         let now = self.clock.now();
-        Op::ready(Ok(self.grant_in_turn(key, token, ttl, None, now)))
+        Op::ready(Ok(self.grant(key, token, ttl, now)))
     }
 
     fn release(&self, key: &str, token: &str) -> Op<bool> {
         let now = self.clock.now();
-        let mut entries = self.entries.borrow_mut();
-        let Some(entry) = entries.get_mut(key).filter(|e| e.held_by(token, now)) else {
+        let mut keys = self.keys.borrow_mut();
+        let ours = |s: &&mut KeyState| s.entry.as_ref().is_some_and(|e| e.held_by(token, now));
+        let Some(state) = keys.get_mut(key).filter(ours) else {
             return Op::ready(Ok(false));
         };
         // The key is free: the live head of its queue, if anybody waits, hears it.
-        let head = self.head(key, now);
-        if head.is_some() {
-            // That waiter's grant refills this entry rather than allocate the key and the
-            // token again.
-            entry.expires_at = f64::NEG_INFINITY;
-        } else {
-            entries.remove(key);
+        let head = state.line.head(now, self);
+        match (&head, &mut state.entry) {
+            // That waiter's grant refills this entry rather than allocate the token again.
+            (Some(_), Some(entry)) => entry.expires_at = f64::NEG_INFINITY,
+            _ => {
+                keys.remove(key);
+            }
         }
-        drop(entries);
-        // Woken outside the borrows: a waker may reach back into the backend.
+        drop(keys);
+        // Woken outside the borrow: a waker may reach back into the backend.
         if let Some(head) = head {
             head.wake();
         }
@@ -352,7 +392,7 @@ impl Backend for MemoryBackend {
     }
 
     fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
-        if !self.grant_in_turn(key, token, ttl, None, self.clock.now()) {
+        if !self.grant(key, token, ttl, self.clock.now()) {
             return Op::ready(Ok(None));
         }
         Op::ready(Ok(Some(self.fence_next(key))))
@@ -368,33 +408,42 @@ impl Backend for MemoryBackend {
 
     fn inspect(&self, key: &str) -> Op<KeyInfo> {
         let now = self.clock.now();
-        let entries = self.entries.borrow();
-        Op::ready(Ok(self.info(key, entries.get(key), now)))
+        let keys = self.keys.borrow();
+        Op::ready(Ok(self.info(key, keys.get(key), now)))
     }
 
     fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
         let now = self.clock.now();
-        let entries = self.entries.borrow();
-        let mut keys: Vec<&String> = entries
+        let keys = self.keys.borrow();
+        let mut found: Vec<&String> = keys
             .iter()
-            .filter(|(k, e)| k.starts_with(prefix) && e.live(now))
+            .filter(|(k, s)| k.starts_with(prefix) && s.live_entry(now).is_some())
             .map(|(k, _)| k)
             .collect();
-        keys.sort();
-        keys.truncate(limit as usize);
-        let found = keys
+        found.sort();
+        found.truncate(limit as usize);
+        let found = found
             .into_iter()
-            .map(|k| self.info(k, entries.get(k), now))
+            .map(|k| self.info(k, keys.get(k), now))
             .collect();
         Op::ready(Ok(found))
     }
 
     fn force_release(&self, key: &str) -> Op<bool> {
         let now = self.clock.now();
-        let removed = self.entries.borrow_mut().remove(key);
-        let live = removed.is_some_and(|e| e.live(now));
+        let live = {
+            let mut keys = self.keys.borrow_mut();
+            let Some(state) = keys.get_mut(key) else {
+                return Op::ready(Ok(false));
+            };
+            let live = state.entry.take().is_some_and(|e| e.live(now));
+            if state.unused() {
+                keys.remove(key);
+            }
+            live
+        };
         if live {
-            self.wake_head_at(key, now);
+            self.wake_head(key);
         }
         Op::ready(Ok(live))
     }
@@ -411,63 +460,59 @@ impl Queue for MemoryBackend {
         fenced: bool,
     ) -> Op<Queued> {
         let now = self.clock.now();
-        if self.grant_in_turn(key, token, ttl, Some(waiter), now) {
+        let mut keys = self.keys.borrow_mut();
+        let granted = |keys: std::cell::RefMut<'_, _>| {
+            drop(keys);
             let fence = fenced.then(|| self.fence_next(key));
-            return Op::ready(Ok(Queued::Granted(fence)));
+            Op::ready(Ok(Queued::Granted(fence)))
+        };
+        // One lookup for the try and the join; the key is copied only when it is new.
+        let Some(state) = keys.get_mut(key) else {
+            keys.insert(key.to_owned(), Self::granted(token, ttl, now));
+            return granted(keys);
+        };
+        if self.grant_in(state, token, ttl, Some(waiter), now) {
+            return granted(keys);
         }
         let expires_at = now + lease as f64;
-        let join = |line: &mut Line| {
-            let queue = &mut line.places;
-            match queue
-                .iter_mut()
-                .position(|p| same_waiter(&p.waiter, waiter))
-            {
-                // A later end: `first_end` stays a time no place ends before.
-                Some(i) => queue[i].expires_at = expires_at,
-                None => {
-                    queue.push_back(Place {
-                        waiter: waiter.to_owned(),
-                        expires_at,
-                        wake: self.slot_for(waiter),
-                    });
-                    line.first_end = line.first_end.min(expires_at);
-                }
-            }
-            queue
-                .front()
-                .is_some_and(|p| same_waiter(&p.waiter, waiter))
-        };
-        let mut queues = self.queues.borrow_mut();
-        // One lookup when the key has a queue (the common case: the key was held); the key is
-        // copied only for a queue that is new.
-        let at_head = match queues.get_mut(key) {
-            Some(queue) => join(queue),
+        let line = &mut state.line;
+        match line
+            .places
+            .iter_mut()
+            .position(|p| same_waiter(&p.waiter, waiter))
+        {
+            // A later end: `first_end` stays a time no place ends before.
+            Some(i) => line.places[i].expires_at = expires_at,
             None => {
-                let mut line = Line::new();
-                let at_head = join(&mut line);
-                queues.insert(key.to_owned(), line);
-                at_head
+                line.places.push_back(Place {
+                    waiter: waiter.to_owned(),
+                    expires_at,
+                    wake: self.slot_for(waiter),
+                });
+                line.first_end = line.first_end.min(expires_at);
             }
+        }
+        let retry_in = if line.at_head(waiter) {
+            state.live_entry(now).map(|e| e.expires_at - now)
+        } else {
+            None
         };
-        drop(queues);
-        let retry_in = at_head
-            .then(|| self.live_until(key, now).map(|end| end - now))
-            .flatten();
         Op::ready(Ok(Queued::Waiting { retry_in }))
     }
 
     fn leave(&self, key: &str, waiter: &str) -> Op<()> {
         let was_head = {
-            let mut queues = self.queues.borrow_mut();
-            let Some(Line { places: queue, .. }) = queues.get_mut(key) else {
+            let mut keys = self.keys.borrow_mut();
+            let Some(state) = keys.get_mut(key) else {
                 return Op::ready(Ok(()));
             };
-            let was_head = queue
-                .front()
-                .is_some_and(|p| same_waiter(&p.waiter, waiter));
-            queue.retain(|p| !same_waiter(&p.waiter, waiter));
-            if queue.is_empty() {
-                queues.remove(key);
+            let was_head = state.line.at_head(waiter);
+            state
+                .line
+                .places
+                .retain(|p| !same_waiter(&p.waiter, waiter));
+            if state.unused() {
+                keys.remove(key);
             }
             was_head
         };
@@ -478,8 +523,10 @@ impl Queue for MemoryBackend {
     }
 
     fn wakeups(&self, key: &str, waiter: &str) -> Box<dyn Waiter> {
-        let placed = self.queues.borrow().get(key).and_then(|line| {
-            line.places
+        let placed = self.keys.borrow().get(key).and_then(|state| {
+            state
+                .line
+                .places
                 .iter()
                 .find(|p| same_waiter(&p.waiter, waiter))
                 .map(|p| p.wake.clone())
@@ -498,8 +545,8 @@ impl Queue for MemoryBackend {
 impl Coordination for MemoryBackend {
     fn peek(&self, key: &str) -> Op<Option<String>> {
         let now = self.clock.now();
-        let entries = self.entries.borrow();
-        let live = entries.get(key).filter(|e| e.live(now));
+        let keys = self.keys.borrow();
+        let live = keys.get(key).and_then(|s| s.live_entry(now));
         Op::ready(Ok(live.map(|e| e.token.clone())))
     }
 
