@@ -37,6 +37,8 @@ struct Gated {
     batches: RefCell<Vec<usize>>,
     /// Opened when the session that keeps every lease ends (`watch_lost`).
     session_gone: Rc<Gate>,
+    /// Answers `Queue::joins_on_first_try` (as a queue in this process does).
+    joins_first: Cell<bool>,
 }
 
 #[derive(Default)]
@@ -84,6 +86,7 @@ impl Gated {
             calls: RefCell::default(),
             batches: RefCell::default(),
             session_gone: Rc::default(),
+            joins_first: Cell::new(false),
         }
     }
 
@@ -213,6 +216,9 @@ impl Queue for Gated {
     }
     fn wakeups(&self, key: &str, waiter: &str) -> Box<dyn Waiter> {
         self.inner.queue().unwrap().wakeups(key, waiter)
+    }
+    fn joins_on_first_try(&self) -> bool {
+        self.joins_first.get()
     }
 }
 
@@ -680,6 +686,47 @@ fn a_release_wakes_the_longest_waiter_before_its_next_poll() {
     h.pool.run_until(holder.release(false)).unwrap();
     h.pool.run_until_stalled();
     assert_eq!(*order.borrow(), [0, 1, 2], "FIFO, without the clock moving");
+}
+
+#[test]
+fn a_queue_in_this_process_is_joined_by_the_first_try() {
+    let mut h = Harness::new();
+    h.backend.joins_first.set(true);
+    // (A queued attempt is counted as "queued" and its request as "acquire".)
+    let holder = h.acquire("k", AcquireOptions::new(10_000));
+    assert_eq!(
+        *h.backend.calls.borrow(),
+        ["queued", "acquire"],
+        "a free key: one request"
+    );
+    h.backend.calls.borrow_mut().clear();
+    let waits = RetryPolicy {
+        retries: None,
+        delay: Delay::Fixed(60_000.0),
+        timeout: None,
+    };
+    let waiter = h.spawn_acquire("k", AcquireOptions::new(10_000).with_retry(waits));
+    h.pool.run_until_stalled();
+    assert_eq!(
+        *h.backend.calls.borrow(),
+        ["queued", "acquire"],
+        "a taken key: the first try is the join, not a plain try and then the join"
+    );
+    h.backend.calls.borrow_mut().clear();
+    // An acquisition that may not wait never queues: its try stays plain.
+    let once = RetryPolicy {
+        retries: Some(0),
+        delay: Delay::Fixed(0.0),
+        timeout: None,
+    };
+    let tried = h.spawn_acquire("k", AcquireOptions::new(10_000).with_retry(once));
+    assert!(matches!(h.pool.run_until(tried), Err(Error::Held { .. })));
+    assert_eq!(h.backend.count("queued"), 0);
+    assert_eq!(h.backend.count("acquire"), 1);
+    // The waiter that joined is the one the release hands the key to.
+    h.pool.run_until(holder.release(false)).unwrap();
+    let lock = h.pool.run_until(waiter).unwrap();
+    assert_eq!(lock.state(), LockState::Held);
 }
 
 #[test]

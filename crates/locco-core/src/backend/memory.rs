@@ -540,6 +540,10 @@ impl Queue for MemoryBackend {
         });
         Box::new(Listener(wake))
     }
+
+    fn joins_on_first_try(&self) -> bool {
+        true
+    }
 }
 
 impl Coordination for MemoryBackend {

@@ -51,6 +51,14 @@ pub trait Queue {
     /// Where `waiter` hears that it may try now. Made before the first attempt, so that no
     /// push can arrive before anyone listens; dropping it stops listening.
     fn wakeups(&self, key: &str, waiter: &str) -> Box<dyn Waiter>;
+
+    /// Whether an acquisition's first try should be a queued attempt, which joins the queue
+    /// when the key is taken: for a queue kept in this process, where that costs no more
+    /// than a plain try. Otherwise the first try is plain (across the network the cheaper
+    /// request, and most first tries win), and the join comes with the next attempt.
+    fn joins_on_first_try(&self) -> bool {
+        false
+    }
 }
 
 /// The waiters of this process that listen for pushes, by waiter id. Thread-safe, because a

@@ -42,19 +42,41 @@ thread_local! {
 /// The longest an acquisition that failed on contention waits to learn who holds the key.
 const HOLDER_READ_MS: f64 = 250.0;
 
-/// A waiter id: unique, and not the token (the queue may be read by others).
-fn next_waiter_id() -> String {
-    let n = NEXT_WAITER.with(|c| c.replace(c.get() + 1));
-    // By hand: `format!` cost a fiftieth of a contended hand-off, which makes one id each.
-    let mut id = String::with_capacity(16 + 1 + 16);
-    WAITER_PREFIX.with(|p| id.push_str(p));
-    id.push('.');
-    let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
-    for shift in (0..digits).rev() {
-        let nibble = ((n >> (shift * 4)) & 0xf) as u32;
-        id.push(char::from_digit(nibble, 16).expect("a nibble is a hex digit"));
+/// A waiter id: unique, and not the token (the queue may be read by others). Made on the
+/// stack: a first try that joins a queue in this process makes one, and most of them win
+/// and keep none.
+struct WaiterId {
+    bytes: [u8; 16 + 1 + 16],
+    len: usize,
+}
+
+impl WaiterId {
+    fn next() -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let n = NEXT_WAITER.with(|c| c.replace(c.get() + 1));
+        // By hand: `format!` cost a fiftieth of a contended hand-off.
+        let mut id = WaiterId {
+            bytes: [0; 33],
+            len: 17,
+        };
+        WAITER_PREFIX.with(|p| id.bytes[..16].copy_from_slice(p.as_bytes()));
+        id.bytes[16] = b'.';
+        let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
+        for shift in (0..digits).rev() {
+            id.bytes[id.len] = HEX[((n >> (shift * 4)) & 0xf) as usize];
+            id.len += 1;
+        }
+        id
     }
-    id
+
+    fn as_str(&self) -> &str {
+        // SAFETY: the prefix is hex digits (a random token's), then '.' and hex digits.
+        unsafe { std::str::from_utf8_unchecked(&self.bytes[..self.len]) }
+    }
+}
+
+fn next_waiter_id() -> String {
+    WaiterId::next().as_str().to_owned()
 }
 
 /// Takes and holds leases on one backend.
@@ -264,7 +286,13 @@ impl Locker {
         let first_len = first_token.len();
         let token = labelled(first_token, options.holder.as_deref());
         let ttl = first_ttl(options);
-        let first = match self.attempt_now(&key, &token, ttl, start, abort, None) {
+        // The first try joins a queue kept in this process when it may wait: the join costs
+        // no more than a plain try, and a second request at once after it.
+        let joins = options.retry.retries != Some(0)
+            && (self.shared.backend.queue()).is_some_and(|q| q.joins_on_first_try());
+        let waiter = joins.then(WaiterId::next);
+        let waiter_id = waiter.as_ref().map(WaiterId::as_str);
+        let first = match self.attempt_now(&key, &token, ttl, start, abort, waiter_id) {
             Ok(Ok(Attempt::Won { fence, at })) => {
                 let lock = self.won(key, token, fence, start, options, start, 1, Some(at))?;
                 return Ok(Begun::Won(lock));
@@ -275,6 +303,7 @@ impl Locker {
         Ok(Begun::Waiting(Waiting {
             key,
             start,
+            place: waiter_id.map(str::to_owned),
             turns: Turns {
                 token,
                 first_len,
@@ -294,6 +323,7 @@ impl Locker {
         let Waiting {
             key,
             start,
+            mut place,
             turns:
                 Turns {
                     token,
@@ -309,8 +339,6 @@ impl Locker {
                 boxed(|| self.attempt_later(op, key, token, ttl, start, budget_end, abort)).await
             }
         };
-        // `place` gets our waiter id once we ask for a place in the backend's fair queue.
-        let mut place = None;
         let turns = match first {
             Ok(Attempt::Won { fence, at }) => Ok(Won {
                 token,
@@ -434,8 +462,10 @@ impl Locker {
             // The first attempt is a plain try, as cheap as without a queue (a try never takes
             // a key promised to a waiter). When we may wait, later attempts are queued; when
             // the try found the key taken, we join the queue at once, in the same attempt.
-            // A first try that won needs no place, so it makes no waiter id either.
+            // A first try that won needs no place, so it makes no waiter id either. (A queue
+            // in this process was joined by the first try itself: `place` is set.)
             if attempt == 1
+                && place.is_none()
                 && self.shared.backend.queue().is_some()
                 && policy.retries != Some(0)
                 && !matches!(outcome, Ok(Attempt::Won { .. }))
@@ -1141,6 +1171,8 @@ pub enum Begun {
 pub struct Waiting {
     key: String,
     start: f64,
+    /// Our waiter id, when the first try joined the backend's fair queue.
+    place: Option<String>,
     turns: Turns<FirstTry>,
 }
 
