@@ -523,11 +523,13 @@ impl Queue for MemoryBackend {
     }
 
     fn wakeups(&self, key: &str, waiter: &str) -> Box<dyn Waiter> {
+        // From the back: a waiter listens right after it joined, so its place is the newest.
         let placed = self.keys.borrow().get(key).and_then(|state| {
             state
                 .line
                 .places
                 .iter()
+                .rev()
                 .find(|p| same_waiter(&p.waiter, waiter))
                 .map(|p| p.wake.clone())
         });

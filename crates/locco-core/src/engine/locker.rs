@@ -34,9 +34,16 @@ pub const QUEUE_RECHECK_MS: f64 = 1000.0;
 
 thread_local! {
     static NEXT_LOCK_ID: Cell<u64> = const { Cell::new(1) };
-    static NEXT_WAITER: Cell<u64> = const { Cell::new(1) };
-    /// Unique across processes, so waiter ids from two hosts never meet in one queue.
-    static WAITER_PREFIX: String = random_token()[..16].to_owned();
+    /// Waiter ids: a prefix unique across processes (so ids from two hosts never meet in
+    /// one queue), and the next serial number. One thread-local: a first try that may join a
+    /// queue makes an id, won or not.
+    static WAITERS: Cell<([u8; 16], u64)> = Cell::new((waiter_prefix(), 1));
+}
+
+fn waiter_prefix() -> [u8; 16] {
+    let mut prefix = [0; 16];
+    prefix.copy_from_slice(&random_token().as_bytes()[..16]);
+    prefix
 }
 
 /// The longest an acquisition that failed on contention waits to learn who holds the key.
@@ -53,13 +60,17 @@ struct WaiterId {
 impl WaiterId {
     fn next() -> Self {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let n = NEXT_WAITER.with(|c| c.replace(c.get() + 1));
+        let (prefix, n) = WAITERS.with(|w| {
+            let (prefix, n) = w.get();
+            w.set((prefix, n.wrapping_add(1)));
+            (prefix, n)
+        });
         // By hand: `format!` cost a fiftieth of a contended hand-off.
         let mut id = WaiterId {
             bytes: [0; 33],
             len: 17,
         };
-        WAITER_PREFIX.with(|p| id.bytes[..16].copy_from_slice(p.as_bytes()));
+        id.bytes[..16].copy_from_slice(&prefix);
         id.bytes[16] = b'.';
         let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
         for shift in (0..digits).rev() {
@@ -1204,21 +1215,25 @@ impl Waiter for NeverReleased {
 mod tests {
     use super::*;
 
+    fn set_serial(n: u64) {
+        WAITERS.with(|w| w.set((w.get().0, n)));
+    }
+
     #[test]
     fn waiter_ids_are_the_prefix_and_the_serial_number_in_hex() {
         let (a, b) = (next_waiter_id(), next_waiter_id());
-        let prefix = WAITER_PREFIX.with(|p| p.clone());
+        let prefix = WAITERS.with(|w| String::from_utf8(w.get().0.to_vec()).unwrap());
         let serial = |id: &str| {
             let (p, n) = id.split_once('.').expect("a dot");
             assert_eq!(p, prefix);
             u64::from_str_radix(n, 16).expect("hex")
         };
         assert_eq!(serial(&b), serial(&a) + 1);
-        NEXT_WAITER.with(|n| n.set(0xfedc_ba98_7654_3210));
+        set_serial(0xfedc_ba98_7654_3210);
         assert_eq!(next_waiter_id(), format!("{prefix}.fedcba9876543210"));
-        NEXT_WAITER.with(|n| n.set(0));
+        set_serial(0);
         assert_eq!(next_waiter_id(), format!("{prefix}.0"));
-        NEXT_WAITER.with(|n| n.set(0x10));
+        set_serial(0x10);
         assert_eq!(next_waiter_id(), format!("{prefix}.10"));
     }
 }
