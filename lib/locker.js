@@ -5,7 +5,7 @@ const {
   fast,
   endValues,
   answer,
-  waitHot,
+  waitLock,
   nextOpId,
   registerClock,
   registerDelay,
@@ -444,7 +444,7 @@ class Locker {
       if (isTtlOnly(key, options)) {
         const opId = nextOpId();
         r = fast.acquireTtl(this._id, mode, key, options.ttl, opId);
-        if (r === PENDING) return waitHot(opId, (id) => (id === null ? null : this._lock(id, key, options)), 'acquire', this._prefix + key);
+        if (r === PENDING) return waitLock(opId, this, key, options);
         r = answer(r, opId, undefined, 'acquire', this._prefix + key);
       } else {
         if (typeof key !== 'string') throw validation('key', `must be a string, got ${typeof key}`);

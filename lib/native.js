@@ -174,7 +174,48 @@ function capture(resolve, reject) {
 
 function settlement(opId, map, operation, key) {
   const promise = new Promise(capture);
-  waiting.set(opId, { resolve: madeResolve, reject: madeReject, map, operation, key });
+  track(opId, { resolve: madeResolve, reject: madeReject, map, operation, key });
+  return promise;
+}
+
+/**
+ * What a pending acquisition keeps while it waits: `hub.settle` maps the lock id with `map`
+ * and names the key on an error, as it does with the closure other operations pass. One
+ * object per waiting acquisition, where a closure, its context and the prefixed key were
+ * three (every contended acquisition waits).
+ */
+class PendingLock {
+  constructor(resolve, reject, locker, key, options) {
+    this.resolve = resolve;
+    this.reject = reject;
+    this.locker = locker;
+    this.name = key;
+    this.options = options;
+  }
+
+  map(id) {
+    return id === null ? null : this.locker._lock(id, this.name, this.options);
+  }
+
+  get operation() {
+    return 'acquire';
+  }
+
+  get key() {
+    return this.locker._prefix + this.name;
+  }
+}
+
+/** A promise of the Lock that acquisition `opId` of `key` on `locker` answers (or null). */
+function waitLock(opId, locker, key, options) {
+  const promise = new Promise(capture);
+  track(opId, new PendingLock(madeResolve, madeReject, locker, key, options));
+  return promise;
+}
+
+/** Keeps `entry` until operation `opId` settles (at once when it already has). */
+function track(opId, entry) {
+  waiting.set(opId, entry);
   const settled = early.size === 0 ? undefined : early.get(opId);
   if (settled !== undefined) {
     early.delete(opId);
@@ -183,7 +224,6 @@ function settlement(opId, map, operation, key) {
     keepAlive ??= setInterval(() => {}, 2 ** 30);
     keepAlive.ref();
   }
-  return promise;
 }
 
 const hub = {
@@ -387,7 +427,7 @@ module.exports = {
   endValues,
   answer,
   wait,
-  waitHot,
+  waitLock,
   PENDING,
   nextOpId,
   registerClock,
