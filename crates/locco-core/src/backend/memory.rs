@@ -461,18 +461,14 @@ impl Queue for MemoryBackend {
     ) -> Op<Queued> {
         let now = self.clock.now();
         let mut keys = self.keys.borrow_mut();
-        let granted = |keys: std::cell::RefMut<'_, _>| {
-            drop(keys);
-            let fence = fenced.then(|| self.fence_next(key));
-            Op::ready(Ok(Queued::Granted(fence)))
-        };
+        let granted = || Op::ready(Ok(Queued::Granted(fenced.then(|| self.fence_next(key)))));
         // One lookup for the try and the join; the key is copied only when it is new.
         let Some(state) = keys.get_mut(key) else {
             keys.insert(key.to_owned(), Self::granted(token, ttl, now));
-            return granted(keys);
+            return granted();
         };
         if self.grant_in(state, token, ttl, Some(waiter), now) {
-            return granted(keys);
+            return granted();
         }
         let expires_at = now + lease as f64;
         let line = &mut state.line;
