@@ -138,8 +138,8 @@ function wait(opId, map, operation, key) {
 }
 
 /**
- * `wait` without the caller's frames, for the two calls every lock makes (acquire with only a
- * ttl, and release): the extra await cost a fifth of the Redis throughput (W2).
+ * `wait` without the caller's frames, for a release (every lock makes one; the acquisition's
+ * own is `waitLock`): the extra await cost a fifth of the Redis throughput (W2).
  */
 function waitHot(opId, map, operation, key) {
   return settlement(opId, map, operation, key);
@@ -206,7 +206,10 @@ class PendingLock {
   }
 }
 
-/** A promise of the Lock that acquisition `opId` of `key` on `locker` answers (or null). */
+/**
+ * A promise of the Lock that acquisition `opId` of `key` on `locker` answers (or null),
+ * without the caller's frames, as `waitHot`.
+ */
 function waitLock(opId, locker, key, options) {
   const promise = new Promise(capture);
   track(opId, new PendingLock(madeResolve, madeReject, locker, key, options));
