@@ -105,6 +105,27 @@ impl Line {
         self.places.front().map(|p| p.wake.clone())
     }
 
+    /// Renews `waiter`'s place until `expires_at`, or gives it a new one at the back with the
+    /// slot `slot` makes.
+    fn join(&mut self, waiter: &str, expires_at: f64, slot: impl FnOnce() -> Rc<Wake>) {
+        match self
+            .places
+            .iter_mut()
+            .position(|p| same_waiter(&p.waiter, waiter))
+        {
+            // A later end: `first_end` stays a time no place ends before.
+            Some(i) => self.places[i].expires_at = expires_at,
+            None => {
+                self.places.push_back(Place {
+                    waiter: waiter.to_owned(),
+                    expires_at,
+                    wake: slot(),
+                });
+                self.first_end = self.first_end.min(expires_at);
+            }
+        }
+    }
+
     fn at_head(&self, waiter: &str) -> bool {
         self.places
             .front()
@@ -470,24 +491,8 @@ impl Queue for MemoryBackend {
         if self.grant_in(state, token, ttl, Some(waiter), now) {
             return granted();
         }
-        let expires_at = now + lease as f64;
         let line = &mut state.line;
-        match line
-            .places
-            .iter_mut()
-            .position(|p| same_waiter(&p.waiter, waiter))
-        {
-            // A later end: `first_end` stays a time no place ends before.
-            Some(i) => line.places[i].expires_at = expires_at,
-            None => {
-                line.places.push_back(Place {
-                    waiter: waiter.to_owned(),
-                    expires_at,
-                    wake: self.slot_for(waiter),
-                });
-                line.first_end = line.first_end.min(expires_at);
-            }
-        }
+        line.join(waiter, now + lease as f64, || self.slot_for(waiter));
         let retry_in = if line.at_head(waiter) {
             state.live_entry(now).map(|e| e.expires_at - now)
         } else {
