@@ -60,6 +60,11 @@ export interface RunOperationOptions {
   waitIfLocked?: boolean;
   /** Ms to wait before MutexTimeoutError; 0 or less is one immediate attempt. */
   timeoutMs?: number;
+  /**
+   * The call chain to run in, passed by hand. Called from inside an operation of the same
+   * context, the call is nested in it: it re-enters what the context holds, and a wait stands
+   * for that operation's holds. Another context starts a chain of its own.
+   */
   context?: MutexRunContext;
   signal?: AbortSignal;
   onAbort?: (abort: (reason?: unknown) => void) => void;

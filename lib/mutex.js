@@ -4,7 +4,7 @@
 // adapter when one is given.
 
 const { AsyncLocalStorage } = require('node:async_hooks');
-const { randomBytes, randomUUID } = require('node:crypto');
+const { randomUUID } = require('node:crypto');
 const { LoccoError, validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
 const { Locker } = require('./locker.js');
@@ -14,6 +14,8 @@ const { native, answer, nextOpId } = require('./native.js');
 const [PEEK, PUT, GET, DELETE] = [0, 1, 2, 3];
 const EDGE_PREFIX = 'locco-meta:wait:';
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+/** Ms between a distributed waiter's attempts when no push comes (the fair queue pushes). */
+const RETRY_DELAY = 25;
 
 class MutexTimeoutError extends LoccoError {
   constructor(id, timeoutMs) {
@@ -127,10 +129,67 @@ class StackTracker {
   }
 }
 
-/** The chain a distributed lock token belongs to: tokens are `<chain id>.<random>`. */
-function chainOf(token) {
-  const dot = token.lastIndexOf('.');
-  return dot === -1 ? undefined : token.slice(0, dot);
+/** The waits of a record written by _fileWait; nothing for a missing or foreign value. */
+function recordedWaits(raw) {
+  let waits;
+  try {
+    waits = raw ? JSON.parse(raw) : [];
+  } catch {
+    return [];
+  }
+  if (!Array.isArray(waits)) return [];
+  return waits.filter((x) => x && typeof x.w === 'string' && typeof x.id === 'string' && typeof x.key === 'string');
+}
+
+/**
+ * This process's requests for one key of one backend that have no place in the backend's
+ * queue yet, in the order they were made. Only the first talks to the backend; the next one
+ * starts once it has its place (or the lock, or gave up). So the backend's queue gets this
+ * process's requests in the order they were made, whichever managers and connections they go
+ * out over: otherwise they would race, and land in whatever order their connections delivered.
+ */
+class Turn {
+  constructor(lines, key) {
+    let line = lines.get(key);
+    if (line === undefined) {
+      line = [];
+      lines.set(key, line);
+    }
+    this._lines = lines;
+    this._key = key;
+    this._line = line;
+    this._gone = false;
+    this._go = undefined;
+    /** @type {Promise<void> | undefined} resolves once this request may talk to the backend; undefined: at once */
+    this.ready = line.push(this) === 1 ? undefined : new Promise((resolve) => (this._go = resolve));
+  }
+
+  /** This request has its place, the lock, or gave up: the next one may go. Idempotent. */
+  leave() {
+    if (this._gone) return;
+    this._gone = true;
+    const line = this._line;
+    const at = line.indexOf(this);
+    line.splice(at, 1);
+    if (line.length === 0) {
+      if (this._lines.get(this._key) === line) this._lines.delete(this._key);
+    } else if (at === 0) line[0]._go();
+  }
+}
+
+/**
+ * The lines of this process, per backend: managers made from the same `redis` options share
+ * them, as do managers given the same adapter object.
+ */
+const linesByUrl = new Map();
+const linesByAdapter = new WeakMap();
+function linesOf(table, backend) {
+  let lines = table.get(backend);
+  if (lines === undefined) {
+    lines = new Map();
+    table.set(backend, lines);
+  }
+  return lines;
 }
 
 function checkOptions(options = {}) {
@@ -186,11 +245,14 @@ class MutexManager {
     this._mutexes = new Map(); // id -> { hold, queue, waiting }
     /** Waits in progress, with the holds of their chains: the local wait-for graph. */
     this._waits = new Set();
+    /** token -> this manager's waits filed under it in the backend's records (see _fileWait) */
+    this._edges = new Map();
     this._tracking = checked.asyncContextTracking;
     this._als = this._tracking ? new AsyncLocalStorage() : new StackTracker();
     this._owned = undefined;
     this._options = checked;
     let adapter = options && options.adapter;
+    let lines = adapter ? linesOf(linesByAdapter, adapter) : undefined;
     if (options && options.redis) {
       // Loaded here so that a local manager never loads the Redis entry point.
       const { RedisAdapter } = require('./redis.js');
@@ -205,18 +267,11 @@ class MutexManager {
         adapter = new RedisAdapter(list ? { url: list[0] } : { url });
       }
       this._owned = adapter;
+      lines = linesOf(linesByUrl, JSON.stringify(list ?? [url]));
     }
-    // A lock's token names the chain that took it, so the owner of a key can be read from the
-    // key itself and uncontended acquisitions publish nothing extra. `_tokenChain` is set right
-    // before each acquisition, whose token is made synchronously when it starts.
-    this._tokenChain = 'none';
-    this._locker = adapter
-      ? new Locker({
-          adapter,
-          retry: { retries: Infinity, delay: 25 },
-          token: () => `${this._tokenChain}.${randomBytes(12).toString('hex')}`,
-        })
-      : undefined;
+    /** This process's lines for the manager's backend (see Turn). */
+    this._lines = lines;
+    this._locker = adapter ? new Locker({ adapter, retry: { retries: Infinity, delay: RETRY_DELAY } }) : undefined;
     const adapterId = adapter && adapter[NATIVE_ID];
     this._coordination = adapterId !== undefined && native.supportsCoordination(adapterId) ? adapterId : undefined;
   }
@@ -255,13 +310,16 @@ class MutexManager {
   }
 
   /**
-   * The holds a new wait by `context` stands for. With AsyncLocalStorage: those of the calling
-   * chain, so a branch that shares a context but holds nothing is no part of a cycle. Without
-   * it the chain cannot be told apart from its siblings: every hold of the context, as it is
-   * when the wait begins.
+   * The holds a new wait by `context` stands for. With AsyncLocalStorage: those of the
+   * operations it is nested in, when they run in the same context. An operation given another
+   * context (work scheduled from inside a callback, with a token of its own) starts a chain
+   * of its own: the callback it was started from may never wait for it, so its waits are no
+   * edge from that callback's holds, nor are the holds of other operations that share its
+   * token. Without AsyncLocalStorage the chain cannot be told apart from its siblings: every
+   * hold of the context, as it is when the wait begins.
    */
   _chainHolds(context, frame) {
-    if (this._tracking) return frame?.holds ?? NO_HOLDS;
+    if (this._tracking) return frame !== undefined && frame.context === context ? frame.holds : NO_HOLDS;
     const holds = [];
     for (const m of this._mutexes.values()) if (m.hold?.context === context) holds.push(m.hold);
     return holds;
@@ -345,10 +403,10 @@ class MutexManager {
 
   /**
    * runOperation on a distributed manager. The shared lock alone orders the requests, those of
-   * this process among them: every request waits in the backend's queue from the moment it is
-   * made, so requests from several managers are served in the order they were made. The local
-   * record only says which chain of this process holds the mutex, for re-entry and deadlock
-   * detection.
+   * this process among them: every request takes its place in the backend's queue, and this
+   * process's requests for one key do so in the order they were made, whichever of its
+   * managers made them (see Turn). The local record only says which chain of this process
+   * holds the mutex, for re-entry and deadlock detection.
    */
   async _runShared(id, mutex, operation, context, chainHolds, requestTime, { waitIfLocked = true, timeoutMs, signal, onAbort }) {
     if (mutex.hold !== undefined) {
@@ -367,7 +425,7 @@ class MutexManager {
     try {
       const chainTokens = chainHolds.map((h) => h.token).filter(Boolean);
       const waitSignal = onAbort ? this._onAbortSignal(onAbort, signal) : signal;
-      lock = await this._distributed(id, context, { waitIfLocked, timeoutMs, signal: waitSignal, requestTime, chainTokens });
+      lock = await this._distributed(id, { waitIfLocked, timeoutMs, signal: waitSignal, requestTime, chainTokens });
     } finally {
       mutex.waiting--;
       if (waiting) this._waits.delete(waiting);
@@ -495,7 +553,7 @@ class MutexManager {
   }
 
   /** The cross-process lease behind a local grant; null when waitIfLocked is false and taken. */
-  async _distributed(id, context, { waitIfLocked, timeoutMs, signal, requestTime, chainTokens }) {
+  async _distributed(id, { waitIfLocked, timeoutMs, signal, requestTime, chainTokens }) {
     const o = this._options;
     const key = o.namespace
       ? `uniquemutex-v2:${encodeURIComponent(o.namespace)}:${encodeURIComponent(id)}`
@@ -505,8 +563,16 @@ class MutexManager {
       o.lockExtendInterval > 0
         ? { interval: Math.min(o.lockExtendInterval, Math.floor(ttl / 2)), maxHold: 2 ** 31 - 1 }
         : undefined;
+    // Taken before anything is awaited: the line holds this process's requests in call order.
+    const turn = new Turn(this._lines, key);
     try {
-      this._tokenChain = context.id;
+      if (turn.ready !== undefined) {
+        // An earlier request of this process has no place in the backend's queue yet: the
+        // mutex is taken, or about to be, and this request goes after that one.
+        if (!waitIfLocked) return null;
+        if (timeoutMs !== undefined && timeoutMs <= 0) throw new MutexTimeoutError(id, timeoutMs);
+        await this._bounded(turn.ready, id, timeoutMs, requestTime, signal);
+      }
       const attempt = this._locker.tryAcquire(key, { ttl, autoExtend });
       const first = await this._bounded(attempt, id, timeoutMs, requestTime, signal).catch((error) => {
         attempt.then((late) => late?.release().catch(() => {}), () => {});
@@ -514,10 +580,9 @@ class MutexManager {
       });
       if (first || !waitIfLocked) return first;
       if (timeoutMs !== undefined && timeoutMs <= 0) throw new MutexTimeoutError(id, timeoutMs);
+      const queued = { key, turn, ttl, autoExtend, timeoutMs, signal, requestTime };
       const nested = chainTokens.length > 0;
-      if (nested && this._coordination !== undefined) {
-        return await this._coordinatedWait(id, key, context, { ttl, autoExtend, timeoutMs, signal, requestTime, chainTokens });
-      }
+      if (nested && this._coordination !== undefined) return await this._coordinatedWait(id, chainTokens, queued);
       if (nested && o.coordinationFailureMode === 'strict') {
         // Wait-for edges across processes are not published yet, so a chain that holds a
         // mutex and waits for another could deadlock unseen: strict mode refuses that wait.
@@ -526,21 +591,29 @@ class MutexManager {
             "processes without wait-for metadata, which this manager does not publish yet; use coordinationFailureMode: 'best-effort'",
         );
       }
-      return await this._acquireQueued(key, context, { ttl, autoExtend, signal, timeoutMs, requestTime });
+      return await this._acquireQueued(queued);
     } catch (error) {
       if (error instanceof LoccoError && error.code.startsWith('MUTEX_')) throw error;
       // Out of budget is a timeout; a grant that came too late is the backend's slowness.
       if (error && error.code === 'LOCK_HELD' && error.reason !== 'late-acquire') throw new MutexTimeoutError(id, timeoutMs);
       if (signal?.aborted && error === signal.reason) throw new MutexAbortedError(id, signal.reason);
       throw new DistributedLockError(`could not take the distributed lock of mutex ${JSON.stringify(id)}`, error);
+    } finally {
+      turn.leave();
     }
   }
 
-  /** A queued acquisition of `key` for `context`, within what is left of the caller's timeout. */
-  _acquireQueued(key, context, { ttl, autoExtend, signal, timeoutMs, requestTime }) {
+  /**
+   * A queued acquisition of `key`, within what is left of the caller's timeout. Its turn in
+   * this process's line ends with its first miss, which put it in the backend's queue.
+   */
+  _acquireQueued({ key, turn, ttl, autoExtend, signal, timeoutMs, requestTime }) {
     const left = timeoutMs === undefined ? undefined : Math.max(0, timeoutMs - (Date.now() - requestTime));
-    this._tokenChain = context.id;
-    return this._locker.acquire(key, { ttl, autoExtend, signal, retry: { timeout: left } });
+    const delay = () => {
+      turn.leave();
+      return RETRY_DELAY;
+    };
+    return this._locker.acquire(key, { ttl, autoExtend, signal, retry: { timeout: left, delay } });
   }
 
   /** One coordination verb against the adapter's backend. */
@@ -550,21 +623,47 @@ class MutexManager {
   }
 
   /**
-   * A nested wait across processes: publishes this chain's wait-for edge (what it waits for and
-   * the tokens it holds, its ownership generation), then polls, looking for a cycle through the
-   * other chains' edges each time the key is still taken.
+   * Files `wait` under each of `tokens` in the backend's records, or takes it out: the record
+   * `locco-meta:wait:<token>` lists this manager's waits whose chain holds the lock with that
+   * token (several branches of one chain may wait at once). Only this manager writes it: the
+   * token is one of its own locks.
    */
-  async _coordinatedWait(id, key, context, { ttl, autoExtend, timeoutMs, signal, requestTime, chainTokens }) {
+  _fileWait(wait, tokens, add) {
+    const ttl = this._options.lockTTL;
+    return Promise.all(
+      tokens.map((token) => {
+        let waits = this._edges.get(token);
+        if (add) {
+          if (waits === undefined) this._edges.set(token, (waits = new Set()));
+          waits.add(wait);
+        } else if (waits !== undefined) {
+          waits.delete(wait);
+          if (waits.size === 0) this._edges.delete(token);
+        }
+        const record = EDGE_PREFIX + token;
+        return this._edges.has(token) ? this._coord(PUT, record, JSON.stringify([...waits]), ttl) : this._coord(DELETE, record);
+      }),
+    );
+  }
+
+  /**
+   * A nested wait across processes: files the wait under the tokens its chain holds, then
+   * polls, looking for a cycle through the other processes' records each time the key is
+   * still taken.
+   */
+  async _coordinatedWait(id, chainTokens, queued) {
+    const { key, ttl, timeoutMs, signal, requestTime } = queued;
     const strict = this._options.coordinationFailureMode === 'strict';
     const coordinationFailed = (error) => {
       if (strict) {
         throw new DistributedLockError(`mutex ${JSON.stringify(id)}: wait-for metadata could not be written or read`, error);
       }
     };
-    const edgeKey = EDGE_PREFIX + context.id;
-    const edge = JSON.stringify({ id, key, holds: chainTokens });
+    // `w` names this wait, so that every process that sees a cycle picks the same one to give way.
+    const wait = { w: randomUUID(), id, key };
     let published = true;
-    await this._bounded(this._coord(PUT, edgeKey, edge, ttl), id, timeoutMs, requestTime, signal).catch((error) => {
+    let filedAt = Date.now();
+    await this._bounded(this._fileWait(wait, chainTokens, true), id, timeoutMs, requestTime, signal).catch((error) => {
       published = false;
       if (error instanceof MutexTimeoutError || error instanceof MutexAbortedError) throw error;
       coordinationFailed(error);
@@ -572,27 +671,24 @@ class MutexManager {
     // The wait itself is an ordinary queued acquisition, so a nested request keeps its place in
     // the backend's queue; the cycle checks run beside it until it is granted.
     const stop = new AbortController();
-    const acquiring = this._acquireQueued(key, context, {
-      ttl,
-      autoExtend,
-      signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal,
-      timeoutMs,
-      requestTime,
-    });
+    const acquiring = this._acquireQueued({ ...queued, signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal });
     const granted = acquiring.then((lock) => ({ lock }));
     granted.catch(() => {}); // its failure is read from `acquiring` when the loop stops early
     let lock;
     try {
       for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
-        const cycle = await this._bounded(this._findCycle(context, chainTokens, id, key), id, timeoutMs, requestTime, signal).catch(
-          (error) => {
-            if (error instanceof MutexTimeoutError || error instanceof MutexAbortedError) throw error;
-            return coordinationFailed(error);
-          },
-        );
-        // Every chain in the cycle sees it; one of them gives way, the same one for all: the
-        // chain with the highest id. The others keep waiting for the lock it then releases.
-        if (cycle && cycle.chains.every((c) => c <= context.id)) {
+        if (published && Date.now() - filedAt > ttl / 2) {
+          // The records live one lease long; a wait that lasts longer files itself again.
+          filedAt = Date.now();
+          this._fileWait(wait, chainTokens, true).catch(() => {});
+        }
+        const cycle = await this._bounded(this._findCycle(wait, chainTokens), id, timeoutMs, requestTime, signal).catch((error) => {
+          if (error instanceof MutexTimeoutError || error instanceof MutexAbortedError) throw error;
+          return coordinationFailed(error);
+        });
+        // Every wait in the cycle sees it; one of them gives way, the same one for all: the
+        // wait with the highest name. The others keep waiting for the lock it then releases.
+        if (cycle && cycle.waits.every((w) => w <= wait.w)) {
           stop.abort();
           // Granted while the cycle was read: nothing waits any more, so nothing deadlocks.
           lock = await acquiring.catch(() => undefined);
@@ -609,9 +705,9 @@ class MutexManager {
         stop.abort();
         acquiring.then((late) => late.release().catch(() => {}), () => {});
       }
-      // Not awaited: the edge expires with the lease anyway, and a stopped server must not
+      // Not awaited: the records expire with the lease anyway, and a stopped server must not
       // hold up the caller.
-      if (published) this._coord(DELETE, edgeKey).catch(() => {});
+      if (published) this._fileWait(wait, chainTokens, false).catch(() => {});
     }
   }
 
@@ -640,32 +736,28 @@ class MutexManager {
   }
 
   /**
-   * The cycle that this chain's wait for `key` closes, as mutex ids and the chains in it: owner
-   * of the key, that owner's current wait edge, the owner of what it waits for, and so on back
-   * to this chain. An edge whose recorded tokens do not include the owner's token is stale and
-   * ends the walk.
+   * The cycle that `wait` closes, as mutex ids and the names of the waits in it: the owner of
+   * the key it waits for, the waits filed under that owner's token, the owners of what they
+   * wait for, and so on back to a token of this wait's chain. A record names only waits that
+   * stand for the exact lock under the key, so a hold taken or given back later by another
+   * operation, even one sharing a context, never joins a cycle.
    */
-  async _findCycle(context, chainTokens, id, key) {
-    const path = [id];
+  async _findCycle(wait, chainTokens) {
     const seen = new Set();
-    for (let k = key, hops = 0; hops < 64; hops++) {
-      const token = await this._coord(PEEK, k);
-      const chain = token && chainOf(token);
-      if (!chain) return undefined;
-      if (chain === context.id) {
-        const ours = chainTokens.includes(token);
-        return ours ? { ids: [...path, id], chains: [...seen, context.id] } : undefined;
+    const walk = async (key, ids, waits) => {
+      if (waits.length > 64) return undefined;
+      const token = await this._coord(PEEK, key);
+      if (!token) return undefined;
+      if (chainTokens.includes(token)) return { ids: [...ids, wait.id], waits };
+      if (seen.has(token)) return undefined;
+      seen.add(token);
+      for (const next of recordedWaits(await this._coord(GET, EDGE_PREFIX + token))) {
+        const cycle = await walk(next.key, [...ids, next.id], [...waits, next.w]);
+        if (cycle) return cycle;
       }
-      if (seen.has(chain)) return undefined;
-      seen.add(chain);
-      const raw = await this._coord(GET, EDGE_PREFIX + chain);
-      if (!raw) return undefined;
-      const edge = JSON.parse(raw);
-      if (!edge.holds.includes(token)) return undefined;
-      path.push(edge.id);
-      k = edge.key;
-    }
-    return undefined;
+      return undefined;
+    };
+    return walk(wait.key, [wait.id], [wait.w]);
   }
 
   /** Runs the callback in `frame`; a promise of its outcome, even when it throws at once. */
