@@ -661,21 +661,22 @@ class MutexManager {
     };
     // `w` names this wait, so that every process that sees a cycle picks the same one to give way.
     const wait = { w: randomUUID(), id, key };
-    let published = true;
-    let filedAt = Date.now();
-    await this._bounded(this._fileWait(wait, chainTokens, true), id, timeoutMs, requestTime, signal).catch((error) => {
-      published = false;
-      if (error instanceof MutexTimeoutError || error instanceof MutexAbortedError) throw error;
-      coordinationFailed(error);
-    });
-    // The wait itself is an ordinary queued acquisition, so a nested request keeps its place in
-    // the backend's queue; the cycle checks run beside it until it is granted.
     const stop = new AbortController();
-    const acquiring = this._acquireQueued({ ...queued, signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal });
-    const granted = acquiring.then((lock) => ({ lock }));
-    granted.catch(() => {}); // its failure is read from `acquiring` when the loop stops early
+    let acquiring;
     let lock;
     try {
+      let published = true;
+      let filedAt = Date.now();
+      await this._bounded(this._fileWait(wait, chainTokens, true), id, timeoutMs, requestTime, signal).catch((error) => {
+        published = false;
+        if (error instanceof MutexTimeoutError || error instanceof MutexAbortedError) throw error;
+        coordinationFailed(error);
+      });
+      // The wait itself is an ordinary queued acquisition, so a nested request keeps its place
+      // in the backend's queue; the cycle checks run beside it until it is granted.
+      acquiring = this._acquireQueued({ ...queued, signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal });
+      const granted = acquiring.then((l) => ({ lock: l }));
+      granted.catch(() => {}); // its failure is read from `acquiring` when the loop stops early
       for (let pause = 5; ; pause = Math.min(pause * 2, 100)) {
         if (published && Date.now() - filedAt > ttl / 2) {
           // The records live one lease long; a wait that lasts longer files itself again.
@@ -703,11 +704,11 @@ class MutexManager {
         // Gave up (deadlock, timeout, abort, coordination failure): leave the queue, and release
         // a lock granted after all rather than leak it.
         stop.abort();
-        acquiring.then((late) => late.release().catch(() => {}), () => {});
+        acquiring?.then((late) => late.release().catch(() => {}), () => {});
       }
       // Not awaited: the records expire with the lease anyway, and a stopped server must not
-      // hold up the caller.
-      if (published) this._fileWait(wait, chainTokens, false).catch(() => {});
+      // hold up the caller. Taken out even when filing failed, which may have been in part.
+      this._fileWait(wait, chainTokens, false).catch(() => {});
     }
   }
 
