@@ -14,54 +14,63 @@ const gate = () => {
   return { opened, open };
 };
 
+/**
+ * Work scheduled from inside callbacks, fire and forget, as an event handler would: A holds
+ * alpha for 30 ms and waits for nothing. From inside it, work in B takes beta, and from inside
+ * that, work in C waits for alpha and work in A (not nested in A's holder) waits for beta.
+ * Meanwhile work in B that holds delta waits for alpha. Nothing is stuck. Answers the events.
+ */
+async function cascade(m) {
+  const [a, b, c] = [m.createContext(), m.createContext(), m.createContext()];
+  const events = [];
+  const running = new Map();
+  const pending = new Set();
+  const schedule = (label, id, context, work, then = () => {}) => {
+    const task = m
+      .runOperation(
+        id,
+        async () => {
+          if (running.get(id)) events.push(`overlap:${label}`);
+          running.set(id, true);
+          events.push(`start:${label}`);
+          then();
+          await sleep(work);
+          events.push(`end:${label}`);
+          running.set(id, false);
+        },
+        { context, timeoutMs: 2000 },
+      )
+      .catch((error) => events.push(`error:${label}:${error.name}`));
+    pending.add(task);
+  };
+  schedule('a-alpha', 'alpha', a, 30, () =>
+    schedule('b-beta', 'beta', b, 25, () => {
+      schedule('c-alpha', 'alpha', c, 10);
+      setTimeout(() => schedule('a-beta', 'beta', a, 10), 5);
+    }),
+  );
+  schedule('b-delta', 'delta', b, 15, () => schedule('b-alpha', 'alpha', b, 10));
+  while (pending.size > 0) {
+    const now = [...pending];
+    pending.clear();
+    await Promise.all(now);
+  }
+  return events;
+}
+
+function assertAllRan(events) {
+  assert.deepEqual(
+    events.filter((e) => e.startsWith('error:') || e.startsWith('overlap:')),
+    [],
+  );
+  for (const label of ['a-alpha', 'b-beta', 'c-alpha', 'a-beta', 'b-delta', 'b-alpha']) {
+    assert.ok(events.includes(`end:${label}`), `${label} ran: ${events.join(' ')}`);
+  }
+}
+
 describe('MutexManager: waits of work scheduled with manual contexts', () => {
   it('makes no false cycle when scheduled work shares a context with a holder that never waits', async () => {
-    const m = new MutexManager();
-    const [a, b, c] = [m.createContext(), m.createContext(), m.createContext()];
-    const events = [];
-    const running = new Map();
-    const pending = new Set();
-    // Fire and forget, as an event handler would: the scheduling callback never waits for it.
-    const schedule = (label, id, context, work, then = () => {}) => {
-      const task = m
-        .runOperation(
-          id,
-          async () => {
-            assert.equal(running.get(id) ?? 0, 0, `${label}: ${id} is not held twice`);
-            running.set(id, 1);
-            events.push(`start:${label}`);
-            then();
-            await sleep(work);
-            events.push(`end:${label}`);
-            running.set(id, 0);
-          },
-          { context, timeoutMs: 2000 },
-        )
-        .catch((error) => events.push(`error:${label}:${error.name}`));
-      pending.add(task);
-    };
-    // A holds alpha for 30 ms and waits for nothing. From inside it, work in B takes beta, and
-    // from inside that, work in C waits for alpha and work in A (not nested in A's holder)
-    // waits for beta. Meanwhile work in B that holds delta waits for alpha. Nothing is stuck.
-    schedule('a-alpha', 'alpha', a, 30, () =>
-      schedule('b-beta', 'beta', b, 25, () => {
-        schedule('c-alpha', 'alpha', c, 10);
-        setTimeout(() => schedule('a-beta', 'beta', a, 10), 5);
-      }),
-    );
-    schedule('b-delta', 'delta', b, 15, () => schedule('b-alpha', 'alpha', b, 10));
-    while (pending.size > 0) {
-      const now = [...pending];
-      pending.clear();
-      await Promise.all(now);
-    }
-    assert.deepEqual(
-      events.filter((e) => e.startsWith('error:')),
-      [],
-    );
-    for (const label of ['a-alpha', 'b-beta', 'c-alpha', 'a-beta', 'b-delta', 'b-alpha']) {
-      assert.ok(events.includes(`end:${label}`), `${label} ran: ${events.join(' ')}`);
-    }
+    assertAllRan(await cascade(new MutexManager()));
   });
 
   it('still reports a real cycle between two contexts passed by hand, at once', async () => {
@@ -127,6 +136,15 @@ describe('MutexManager: wait-for records across processes', () => {
     redis = await startRedis();
   });
   after(() => redis.dispose());
+
+  it('makes no false cycle on a distributed manager either', async () => {
+    const m = new MutexManager({ redis: { url: redis.url }, namespace: 'cascade' });
+    try {
+      assertAllRan(await cascade(m));
+    } finally {
+      await m.dispose();
+    }
+  });
 
   it('a wait of one operation stays visible while another operation of its context waits too', async () => {
     const opts = { redis: { url: redis.url }, namespace: 'records', lockTTL: 5000 };
