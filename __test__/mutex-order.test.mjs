@@ -2,12 +2,14 @@
 // process's managers (and connections) they go out over.
 import assert from 'node:assert/strict';
 import { randomInt } from 'node:crypto';
+import { createRequire } from 'node:module';
 import { after, before, describe, it } from 'node:test';
 import { MutexManager, MutexTimeoutError } from 'locco-rs/mutex';
 import { RedisAdapter } from 'locco-rs/redis';
 import { startRedis } from './support/servers.mjs';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const { delays } = createRequire(import.meta.url)('../lib/native.js');
 
 /**
  * `total` calls made in one synchronous loop, call i on manager i % managers.length and id
@@ -91,6 +93,18 @@ describe('MutexManager: request order within one process', () => {
       assert.deepEqual(order, [0, 1, 2, 4, 6, 7]);
       // Nothing of this process is left waiting: the next request is served at once.
       assert.equal(await managers[1].runOperation('k', () => 'free', { timeoutMs: 1000 }), 'free');
+    } finally {
+      await Promise.all(managers.map((m) => m.dispose()));
+    }
+  });
+
+  it('keeps nothing per request once the requests are served', async () => {
+    const managers = Array.from({ length: 2 }, () => new MutexManager({ redis: { url: redis.url }, namespace: 'kept' }));
+    try {
+      const before = delays.size;
+      const calls = Array.from({ length: 100 }, (_, i) => managers[i % 2].runOperation('k', () => sleep(1)));
+      await Promise.all(calls);
+      assert.equal(delays.size, before, 'the delay functions of the queued acquisitions are gone');
     } finally {
       await Promise.all(managers.map((m) => m.dispose()));
     }

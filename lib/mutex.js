@@ -9,7 +9,7 @@ const { LoccoError, validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
 const { Locker } = require('./locker.js');
 const { NATIVE_ID } = require('./adapters.js');
-const { native, answer, nextOpId } = require('./native.js');
+const { native, answer, nextOpId, drainReleased } = require('./native.js');
 
 const [PEEK, PUT, GET, DELETE] = [0, 1, 2, 3];
 const EDGE_PREFIX = 'locco-meta:wait:';
@@ -613,7 +613,11 @@ class MutexManager {
       turn.leave();
       return RETRY_DELAY;
     };
-    return this._locker.acquire(key, { ttl, autoExtend, signal, retry: { timeout: left, delay } });
+    const acquiring = this._locker.acquire(key, { ttl, autoExtend, signal, retry: { timeout: left, delay } });
+    // The engine lets go of the delay function with the acquisition; the facade's record of it
+    // goes at the next drain, which nothing else may bring soon.
+    acquiring.then(drainReleased, drainReleased);
+    return acquiring;
   }
 
   /** One coordination verb against the adapter's backend. */
