@@ -566,20 +566,22 @@ class MutexManager {
     // Taken before anything is awaited: the line holds this process's requests in call order.
     const turn = new Turn(this._lines, key);
     try {
-      if (turn.ready !== undefined) {
+      if (turn.ready === undefined) {
+        const attempt = this._locker.tryAcquire(key, { ttl, autoExtend });
+        const first = await this._bounded(attempt, id, timeoutMs, requestTime, signal).catch((error) => {
+          attempt.then((late) => late?.release().catch(() => {}), () => {});
+          throw error;
+        });
+        if (first || !waitIfLocked) return first;
+        if (timeoutMs !== undefined && timeoutMs <= 0) throw new MutexTimeoutError(id, timeoutMs);
+      } else {
         // An earlier request of this process has no place in the backend's queue yet: the
-        // mutex is taken, or about to be, and this request goes after that one.
+        // mutex is taken, or about to be, and this request goes after that one, with no try
+        // of its own (the queued acquisition's first attempt is one).
         if (!waitIfLocked) return null;
         if (timeoutMs !== undefined && timeoutMs <= 0) throw new MutexTimeoutError(id, timeoutMs);
         await this._bounded(turn.ready, id, timeoutMs, requestTime, signal);
       }
-      const attempt = this._locker.tryAcquire(key, { ttl, autoExtend });
-      const first = await this._bounded(attempt, id, timeoutMs, requestTime, signal).catch((error) => {
-        attempt.then((late) => late?.release().catch(() => {}), () => {});
-        throw error;
-      });
-      if (first || !waitIfLocked) return first;
-      if (timeoutMs !== undefined && timeoutMs <= 0) throw new MutexTimeoutError(id, timeoutMs);
       const queued = { key, turn, ttl, autoExtend, timeoutMs, signal, requestTime };
       const nested = chainTokens.length > 0;
       if (nested && this._coordination !== undefined) return await this._coordinatedWait(id, chainTokens, queued);
