@@ -1,6 +1,6 @@
 /**
- * A backend. Built-in adapters come from `locco-rs/memory`, `locco-rs/redis`, `locco-rs/postgres`
- * and `locco-rs/mongo`; any object with these methods works. Each method answers `true` only when
+ * A backend. Built-in adapters come from `locco-rs/memory`, `locco-rs/redis`, `locco-rs/postgres`,
+ * `locco-rs/mongo` and `locco-rs/etcd`; any object with these methods works. Each method answers `true` only when
  * the operation applied to the key carrying `token`.
  *
  * @example
@@ -325,8 +325,12 @@ export declare class Locker {
   /**
    * A permit of the counting semaphore `key`: at most `limit` holders at once. Each permit is
    * a lease of its own on one of `limit` slot keys (`lock.key` is `<key>:permit:<i>`), so a
-   * holder that dies frees its permit when its own lease ends. Waiters poll (`retry`): the
-   * order in which they get permits is not first come, first served.
+   * holder that dies frees its permit when its own lease ends. Waiters are served first come,
+   * first served: a free permit is taken at once only while nobody waits; otherwise the caller
+   * queues for the turn key `<key>:turn` (in the backend's fair queue: in-memory, Redis,
+   * PostgreSQL table, MongoDB, etcd, and adapters with the queue methods; on the others the
+   * turn is polled at `retry.delay`), and the first in line takes the next permit that frees.
+   * `tryAcquirePermit` never waits, so it may take a permit a queued caller was about to get.
    *
    * @example
    * ```ts
