@@ -49,7 +49,14 @@ async function emptyWithin(cluster, prefix, ms, what) {
     if (performance.now() > end) break;
     await sleep(50);
   }
-  assert.fail(`${what}: still stored ${ms} ms after the last use: ${JSON.stringify(left)}`);
+  const detail = [];
+  for (const k of left) {
+    const m = (await cluster.leader()) ?? cluster.members[0];
+    const kv = (await cluster.call(m, 'kv/range', { key: b64(k) })).kvs?.[0];
+    const ttl = kv?.lease ? await cluster.call(m, 'lease/timetolive', { ID: kv.lease }).catch((e) => String(e)) : null;
+    detail.push({ k, value: kv && Buffer.from(kv.value ?? '', 'base64').toString(), lease: kv?.lease, ttl: ttl?.TTL, granted: ttl?.grantedTTL });
+  }
+  assert.fail(`${what}: still stored ${ms} ms after the last use: ${JSON.stringify(detail)}`);
 }
 
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];

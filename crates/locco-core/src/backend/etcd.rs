@@ -296,7 +296,8 @@ fn failure_of(secrets: &[String], e: etcd_client::Error) -> Failure {
 fn retryable(e: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;
     use tonic::Code;
-    let tls = |text: &str| text.contains("certificate") || text.contains("tls") || text.contains("TLS");
+    let tls =
+        |text: &str| text.contains("certificate") || text.contains("tls") || text.contains("TLS");
     match e {
         E::GRpcStatus(s) => match s.code() {
             Code::Unavailable => !tls(s.message()),
@@ -304,9 +305,15 @@ fn retryable(e: &etcd_client::Error) -> bool {
             Code::Unknown => {
                 let m = s.message();
                 !tls(m)
-                    && ["transport", "connection", "h2 protocol", "broken pipe", "reset"]
-                        .iter()
-                        .any(|w| m.contains(w))
+                    && [
+                        "transport",
+                        "connection",
+                        "h2 protocol",
+                        "broken pipe",
+                        "reset",
+                    ]
+                    .iter()
+                    .any(|w| m.contains(w))
             }
             _ => false,
         },
@@ -328,7 +335,9 @@ fn not_sent(e: &etcd_client::Error) -> bool {
 }
 
 fn timeout_failure(what: &str, ms: u64, last: Option<&Failure>) -> Failure {
-    let last = last.map_or(String::new(), |f| format!("; the last answer: {}", f.message));
+    let last = last.map_or(String::new(), |f| {
+        format!("; the last answer: {}", f.message)
+    });
     Failure::new(
         "etcd",
         BackendErrorKind::Timeout,
@@ -489,10 +498,26 @@ impl Inner {
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
         let mut last: Option<Failure> = None;
+        // One copy waits this long at most: a member that forwarded it to a leader that died
+        // holds it until its own timeout, long after the new leader could have answered.
+        let per_copy = (self.request_timeout() / 5).max(Duration::from_millis(500));
         let attempts = async {
             loop {
-                match send().await {
-                    Err(e) if retryable(&e) => {
+                let answer = match tokio::time::timeout(per_copy, send()).await {
+                    Ok(answer) => Err(answer),
+                    Err(_) => Ok(timeout_failure(what, per_copy.as_millis() as u64, None)),
+                };
+                match answer {
+                    // No answer in time: it may still be applied, like an election's failure.
+                    Ok(silent) => {
+                        last = Some(silent);
+                        if let Some(wanted) = wanted {
+                            if wanted.is_abandoned() {
+                                return Err(last.clone().expect("just set"));
+                            }
+                        }
+                    }
+                    Err(Err(e)) if retryable(&e) => {
                         let delivered = !not_sent(&e);
                         last = Some(failure_of(&self.secrets, e));
                         tokio::time::sleep(RESEND_PAUSE).await;
@@ -511,7 +536,7 @@ impl Inner {
                             wanted.still_wanted("etcd")?;
                         }
                     }
-                    r => return r.map_err(|e| failure_of(&self.secrets, e)),
+                    Err(r) => return r.map_err(|e| failure_of(&self.secrets, e)),
                 }
             }
         };
@@ -1017,8 +1042,12 @@ impl Inner {
                 .await?;
             let prefix = self.options.prefix.as_bytes();
             for kv in got.kvs().iter().filter(|kv| self.is_lock(kv)) {
-                let Some(key) = kv.key().strip_prefix(prefix) else { continue };
-                let Ok(key) = String::from_utf8(key.to_vec()) else { continue };
+                let Some(key) = kv.key().strip_prefix(prefix) else {
+                    continue;
+                };
+                let Ok(key) = String::from_utf8(key.to_vec()) else {
+                    continue;
+                };
                 let info = self.info_of(key, kv);
                 if info.held && found.len() < limit as usize {
                     found.push(info);
@@ -1231,8 +1260,18 @@ async fn keep_alive(
             *slot = None;
         }
     }
-    // Best effort: a cluster that elected a new leader may have renewed the lease.
-    let _ = tokio::time::timeout(Duration::from_secs(5), lease.revoke(session.id)).await;
+    // The keys on it must go now: a cluster that elected a new leader restarted the lease's
+    // countdown, and a record this adapter still meant to delete stopped being tracked when
+    // the session was lost. Sent again through an election, until the cluster says the lease
+    // is gone or it would have expired anyway.
+    let until = Instant::now() + ttl + ttl;
+    while Instant::now() < until {
+        match tokio::time::timeout(ttl / 3, lease.revoke(session.id)).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(e)) if !retryable(&e) => break,
+            _ => tokio::time::sleep(RESEND_PAUSE).await,
+        }
+    }
 }
 
 impl Backend for EtcdBackend {
@@ -1535,8 +1574,7 @@ impl Inner {
                 None => Txn::new()
                     .when([
                         Compare::create_revision(k.clone(), CompareOp::Equal, 0),
-                        Compare::create_revision(range.clone(), CompareOp::Equal, 0)
-                            .with_prefix(),
+                        Compare::create_revision(range.clone(), CompareOp::Equal, 0).with_prefix(),
                     ])
                     .and_then([put_lock, TxnOp::delete(place.clone(), None)])
                     .or_else([TxnOp::txn(
@@ -1790,6 +1828,39 @@ mod tests {
             !not_sent(&no_leader),
             "a member without a leader saw the request"
         );
+        // An election's answers are sent again; a refusal of the request itself is not.
+        for (status, again) in [
+            (
+                tonic::Status::unavailable("etcdserver: leader changed"),
+                true,
+            ),
+            (tonic::Status::unavailable("etcdserver: no leader"), true),
+            (tonic::Status::cancelled("operation was canceled"), true),
+            (tonic::Status::unknown("transport error"), true),
+            (
+                tonic::Status::unavailable("invalid peer certificate"),
+                false,
+            ),
+            (
+                tonic::Status::not_found("etcdserver: requested lease not found"),
+                false,
+            ),
+            (
+                tonic::Status::invalid_argument("etcdserver: key is not provided"),
+                false,
+            ),
+            (
+                tonic::Status::permission_denied("etcdserver: permission denied"),
+                false,
+            ),
+        ] {
+            let text = status.message().to_owned();
+            assert_eq!(
+                retryable(&etcd_client::Error::GRpcStatus(status)),
+                again,
+                "{text}"
+            );
+        }
         let f = failure_of(
             &["hunter2-pw".into()],
             etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(
