@@ -347,6 +347,78 @@ describe('EtcdAdapter session lease', () => {
   });
 });
 
+describe('EtcdAdapter operator verbs', () => {
+  let etcd;
+  before(async () => {
+    etcd = await startEtcd();
+  });
+  after(() => etcd.dispose());
+
+  it('never lists, inspects as held, or deletes a key that is not a lock', async () => {
+    const m = etcd.members[0];
+    await using adapter = new EtcdAdapter({ endpoints: [etcd.endpoint], prefix: 'ops/' });
+    const locker = new Locker({ adapter });
+    const lock = await locker.acquire('job', { ttl: 30_000, holder: 'worker-1' });
+    // An application's own keys under the prefix (no lease: this library writes every lock on
+    // one), one beside it, and a waiter's queue place.
+    await etcd.call(m, 'kv/put', { key: b64('ops/user:42:profile'), value: b64('precious') });
+    await etcd.call(m, 'kv/put', { key: b64('opsX'), value: b64('outside') });
+    const { ID } = await etcd.call(m, 'lease/grant', { TTL: 60 });
+    await etcd.call(m, 'kv/put', { key: b64('ops/\x01q/job'), value: b64('w1'), lease: ID });
+    const listed = (await locker.list()).map((i) => i.key);
+    assert.deepEqual(listed, ['job']);
+    for (const key of ['user:42:profile', '\x01q/job']) {
+      const info = await locker.inspect(key);
+      assert.equal(info.held, false, `inspect(${JSON.stringify(key)})`);
+      assert.equal(await locker.forceRelease(key), false, `forceRelease(${JSON.stringify(key)})`);
+    }
+    assert.equal((await readKey(etcd, m, 'ops/user:42:profile'))?.value, 'precious', 'the application key is left alone');
+    assert.equal((await readKey(etcd, m, 'ops/\x01q/job'))?.value, 'w1', 'the queue place is left alone');
+    assert.equal((await readKey(etcd, m, 'opsX'))?.value, 'outside');
+    // The lock itself: seen, and removed.
+    const info = await locker.inspect('job');
+    assert.equal(info.held, true);
+    assert.equal(info.holder, 'worker-1');
+    assert.equal(await locker.forceRelease('job'), true);
+    assert.equal(await readKey(etcd, m, 'ops/job'), null);
+    assert.equal(await lock.isHeld(), false);
+  });
+});
+
+describe('EtcdAdapter session end', () => {
+  let etcd;
+  before(async () => {
+    etcd = await startEtcd();
+  });
+  after(() => etcd.dispose());
+
+  it('reports a lock lost no later than its session can end when the cluster cannot be reached', async () => {
+    // The session opens with the first grant and is cut off before its first keep-alive: it
+    // can end as early as the grant's send time plus the TTL less 1%, so its locks must read
+    // lost by then (the cluster would drop their keys right after).
+    const late = [];
+    for (let round = 0; round < 3; round++) {
+      const proxy = await testProxy(Number(etcd.endpoint.split(':').pop()));
+      try {
+        await using adapter = new EtcdAdapter({ endpoints: [`127.0.0.1:${proxy.port}`], sessionTtl: 2000, prefix: `end${round}/` });
+        let lostAt;
+        const locker = new Locker({ adapter, onEvent: (e) => e.type === 'lost' && (lostAt ??= performance.now()) });
+        const lock = await locker.acquire('k', { ttl: 60_000 });
+        const granted = performance.now();
+        await proxy.cut();
+        await until(() => lostAt !== undefined, 4000);
+        assert.equal(lock.lostReason, 'session');
+        late.push(lostAt - (granted + 1980));
+      } finally {
+        await proxy.close();
+      }
+    }
+    // A few ms for the news to reach the JavaScript thread; a keep-alive loop that only looks
+    // every 100 ms is later than that.
+    assert.ok(Math.max(...late) < 15, `lost after the session's end by ${late.map((x) => x.toFixed(0)).join(', ')} ms`);
+  });
+});
+
 describe('EtcdAdapter with authentication', () => {
   let etcd;
   const password = 'pw-s3cret-etcd';

@@ -31,12 +31,38 @@
 //! ## Losing the session
 //!
 //! The keep-alive loop sends a beat every third of the lease TTL. The session counts as lost
-//! when the cluster answers that the lease is gone, or when no beat was acknowledged for a TTL
-//! (measured from when the last acknowledged beat was sent, so never later than the cluster's
-//! own expiry). Then every lock on it is reported lost at once ([`Backend::watch_lost`], reason
-//! 'session'), `extend` and `isHeld` answer false for them, the old lease is revoked (best
-//! effort; a cluster that changed leaders may have renewed it), and the next grant opens a new
-//! session.
+//! when the cluster answers that the lease is gone (a keep-alive, or a write that names it:
+//! "requested lease not found", after a member's restart or a long pause), or when no beat was
+//! acknowledged for a TTL, less 1% for clock drift, measured from when the last acknowledged
+//! beat was sent, so never later than the cluster's own expiry. That end is read on the clock
+//! wherever it matters, not only when the keep-alive task gets round to it. Then every lock on
+//! it is reported lost at once ([`Backend::watch_lost`], reason 'session'), `extend` and
+//! `isHeld` answer false for them, the old lease is revoked (best effort; a cluster that
+//! changed leaders may have renewed it), and the next grant opens a new session; a grant
+//! refused for a lease the cluster no longer knows is sent once more on the new one.
+//!
+//! ## Through a leader election
+//!
+//! While the cluster elects a leader, requests fail with "leader changed", "no leader", a
+//! cancelled stream or a broken connection, and a failed request may still have been
+//! applied. Each request is sent again within `requestTimeout` (see [`retryable`]): every one
+//! is safe to repeat. A grant's second copy reads the key back and answers granted when it
+//! holds our token; a queued attempt's copy does the same before it would put a place.
+//!
+//! A record whose answer is lost for good (the engine gave the attempt up, or the resends ran
+//! out) is tracked here until it is gone, by [`Unsure`]: a lock key is deleted by its token,
+//! again and again, until that is confirmed or its session ends; a place is kept as ours, and
+//! its timer deletes it once its waiter stops renewing it (3 s), again until confirmed. A
+//! release or a queue's leave that fails is carried on the same way in the background. So no
+//! lock key outlives its TTL, and no place its lease, by more than the time to reach the new
+//! leader, while the process lives; when it dies, both go with the session lease.
+//!
+//! Why track rather than give each record its own etcd lease (a lease per lock, one per
+//! place): a lease is whole seconds (at least about two with etcd's default election timeout),
+//! so a 600 ms lock orphaned that way would still stand for seconds; it costs a lease grant
+//! and a revoke beside each grant, and a keep-alive per held lock; and a new leader restarts
+//! every lease's countdown, so a record still outlives an election by its lease. The session
+//! already lives exactly as long as this process can clean up after itself.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -99,12 +125,58 @@ struct Session {
     id: i64,
     /// Becomes true once, when the session is lost or closed.
     lost: watch::Sender<bool>,
+    /// The earliest moment the cluster may drop the lease, as far as this process can tell:
+    /// when the last acknowledged keep-alive (or the grant) was sent, plus the TTL, less the
+    /// drift margin. Each acknowledged beat moves it on. Read on the clock, so a keep-alive
+    /// task that runs late (a busy I/O thread) cannot make a lock look held past it.
+    ends: Mutex<Instant>,
 }
 
 impl Session {
-    fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+    fn new(id: i64, ends: Instant) -> Self {
+        Session {
+            id,
+            lost: watch::channel(false).0,
+            ends: Mutex::new(ends),
+        }
     }
+
+    fn ends(&self) -> Instant {
+        *self.ends.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An acknowledged beat: the lease lives on until `ends` at least.
+    fn renewed(&self, ends: Instant) {
+        let mut slot = self.ends.lock().unwrap_or_else(|p| p.into_inner());
+        *slot = (*slot).max(ends);
+    }
+
+    fn is_lost(&self) -> bool {
+        *self.lost.borrow() || Instant::now() >= self.ends()
+    }
+
+    /// Marks the session lost: its locks are reported lost at once, and the next grant opens
+    /// a new session.
+    fn end(&self) {
+        let _ = self.lost.send(true);
+    }
+
+    /// Resolves once the session is lost: told so, or past its end on the clock.
+    async fn over(&self) {
+        let mut lost = self.lost.subscribe();
+        while !self.is_lost() {
+            tokio::select! {
+                _ = lost.wait_for(|v| *v) => {}
+                () = tokio::time::sleep_until(self.ends()) => {}
+            }
+        }
+    }
+}
+
+/// The share of a TTL by which a lease counts as ended early on this side (clock rates
+/// differ), as the engine's local lease does.
+fn drift_margin(ttl: Duration) -> Duration {
+    ttl / 100
 }
 
 /// A lock this adapter granted or extended.
@@ -136,8 +208,9 @@ struct Inner {
 
 /// A place of ours in a key's queue.
 struct Place {
-    /// The place's create revision: its rank in the queue.
-    revision: i64,
+    /// The place's create revision, its rank in the queue; `None` when an attempt's answer
+    /// was lost and the place may or may not be there.
+    revision: Option<i64>,
     deadline: Instant,
     generation: u64,
     session: Arc<Session>,
@@ -146,6 +219,13 @@ struct Place {
 /// Operations in one transaction at most: etcd refuses more than `--max-txn-ops` (128 by
 /// default), so a batch of extensions is sent as transactions of this many gets.
 const MAX_TXN_OPS: usize = 128;
+
+/// The pause before a request is sent again after an election's or a connection's failure:
+/// an election takes a few hundred ms.
+const RESEND_PAUSE: Duration = Duration::from_millis(50);
+
+/// The pause between two attempts to delete a record of ours that nobody will use.
+const SWEEP_PAUSE: Duration = Duration::from_millis(200);
 
 /// Released tokens remembered at most; past this the set starts again (a spare wake costs one
 /// attempt).
@@ -208,6 +288,41 @@ fn failure_of(secrets: &[String], e: etcd_client::Error) -> Failure {
     }
 }
 
+/// What a leader election or a dropped connection answers: the leader changed or is being
+/// elected, the member has none, the stream was cancelled, the connection broke. The request
+/// may or may not have been applied; every request this adapter sends is safe to send again
+/// (a grant finds its own token and answers granted, a delete compares the token, reads and
+/// keep-alives change nothing), so it is sent again within `requestTimeout`.
+fn retryable(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    let tls =
+        |text: &str| text.contains("certificate") || text.contains("tls") || text.contains("TLS");
+    match e {
+        E::GRpcStatus(s) => match s.code() {
+            Code::Unavailable => !tls(s.message()),
+            Code::Cancelled | Code::Aborted => true,
+            Code::Unknown => {
+                let m = s.message();
+                !tls(m)
+                    && [
+                        "transport",
+                        "connection",
+                        "h2 protocol",
+                        "broken pipe",
+                        "reset",
+                    ]
+                    .iter()
+                    .any(|w| m.contains(w))
+            }
+            _ => false,
+        },
+        E::TransportError(t) => !tls(&format!("{t:?}")),
+        E::IoError(_) => true,
+        _ => false,
+    }
+}
+
 /// A failure to connect: the request was never delivered.
 fn not_sent(e: &etcd_client::Error) -> bool {
     match e {
@@ -219,12 +334,21 @@ fn not_sent(e: &etcd_client::Error) -> bool {
     }
 }
 
-fn timeout_failure(what: &str, ms: u64) -> Failure {
+fn timeout_failure(what: &str, ms: u64, last: Option<&Failure>) -> Failure {
+    let last = last.map_or(String::new(), |f| {
+        format!("; the last answer: {}", f.message)
+    });
     Failure::new(
         "etcd",
         BackendErrorKind::Timeout,
-        format!("etcd: no answer to {what} within {ms} ms (requestTimeout)"),
+        format!("etcd: no answer to {what} within {ms} ms (requestTimeout){last}"),
     )
+}
+
+/// The cluster no longer knows the session's lease (expired during a long pause, or lost
+/// with a member's restart): nothing was written, and a new session is needed.
+fn lease_gone(f: &Failure) -> bool {
+    f.message.contains("requested lease not found")
 }
 
 impl EtcdBackend {
@@ -304,13 +428,26 @@ impl EtcdBackend {
         io::runtime().spawn(async move {
             let session = inner.session.lock().await.take();
             if let Some(s) = session {
-                let _ = s.lost.send(true);
+                s.end();
                 if let Some(client) = inner.client.get() {
                     let mut lease = client.lease_client();
                     let _ = tokio::time::timeout(Duration::from_secs(2), lease.revoke(s.id)).await;
                 }
             }
         });
+    }
+
+    /// Milliseconds until the session that keeps `token`'s lock of `key` may end (0 once it
+    /// has), by this adapter's reckoning ([`Session`]'s end, counted from the last acknowledged
+    /// keep-alive); `None` when the adapter knows no such lock. A holder's local lease ends no
+    /// later than this.
+    pub fn session_left(&self, key: &str, token: &str) -> Option<f64> {
+        let session = self.inner.session_of(key, token)?;
+        if session.is_lost() {
+            return Some(0.0);
+        }
+        let left = session.ends().saturating_duration_since(Instant::now());
+        Some(left.as_secs_f64() * 1000.0)
     }
 
     /// `work` on the I/O thread, in this backend's lane; a grant checks the [`io::OnAbandon`]
@@ -340,9 +477,8 @@ impl Inner {
         Duration::from_millis(self.options.request_timeout_ms)
     }
 
-    /// One request, bounded by `requestTimeout`. A request that never left (no connection
-    /// to the member the channel picked, e.g. one that just died) is sent again until the
-    /// bound: that is safe for every verb, since the server never saw it.
+    /// One request, bounded by `requestTimeout`, sent again after a failure that an election
+    /// or a dropped connection gives (see [`retryable`]).
     async fn bounded<T, F>(&self, what: &str, send: impl FnMut() -> F) -> Result<T, Failure>
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
@@ -361,22 +497,57 @@ impl Inner {
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
+        let mut last: Option<Failure> = None;
+        // One copy waits this long at most: a member that forwarded it to a leader that died
+        // holds it until its own timeout, long after the new leader could have answered.
+        let per_copy = (self.request_timeout() / 5).max(Duration::from_millis(500));
         let attempts = async {
             loop {
-                match send().await {
-                    Err(e) if not_sent(&e) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                let answer = match tokio::time::timeout(per_copy, send()).await {
+                    Ok(answer) => Err(answer),
+                    Err(_) => Ok(timeout_failure(what, per_copy.as_millis() as u64, None)),
+                };
+                match answer {
+                    // No answer in time: it may still be applied, like an election's failure.
+                    Ok(silent) => {
+                        last = Some(silent);
                         if let Some(wanted) = wanted {
+                            if wanted.is_abandoned() {
+                                return Err(last.clone().expect("just set"));
+                            }
+                        }
+                    }
+                    Err(Err(e)) if retryable(&e) => {
+                        let delivered = !not_sent(&e);
+                        last = Some(failure_of(&self.secrets, e));
+                        tokio::time::sleep(RESEND_PAUSE).await;
+                        if let Some(wanted) = wanted {
+                            if delivered && wanted.is_abandoned() {
+                                return Err(Failure::new(
+                                    "etcd",
+                                    BackendErrorKind::Timeout,
+                                    format!(
+                                        "etcd: {what} given up while it was being sent again; \
+                                         the last answer: {}",
+                                        last.as_ref().map_or("", |f| f.message.as_str())
+                                    ),
+                                ));
+                            }
                             wanted.still_wanted("etcd")?;
                         }
                     }
-                    r => return r.map_err(|e| failure_of(&self.secrets, e)),
+                    Err(r) => return r.map_err(|e| failure_of(&self.secrets, e)),
                 }
             }
         };
-        match tokio::time::timeout(self.request_timeout(), attempts).await {
+        let answer = tokio::time::timeout(self.request_timeout(), attempts).await;
+        match answer {
             Ok(r) => r,
-            Err(_) => Err(timeout_failure(what, self.options.request_timeout_ms)),
+            Err(_) => Err(timeout_failure(
+                what,
+                self.options.request_timeout_ms,
+                last.as_ref(),
+            )),
         }
     }
 
@@ -463,18 +634,13 @@ impl Inner {
                 async move { lease.keep_alive(id).await }
             })
             .await?;
-        let (lost, _) = watch::channel(false);
-        let session = Arc::new(Session {
-            id: granted.id(),
-            lost,
-        });
         let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+        let session = Arc::new(Session::new(granted.id(), sent + ttl - drift_margin(ttl)));
         tokio::spawn(keep_alive(
             Arc::downgrade(self),
             client,
             session.clone(),
             ttl,
-            sent,
             Some((keeper, stream)),
         ));
         *slot = Some(session.clone());
@@ -538,22 +704,47 @@ impl Inner {
         Some(h.deadline > Instant::now() && !h.session.is_lost())
     }
 
-    /// A known lock whose deadline passed: deleted by value, retried while the session lives.
-    async fn expire(&self, key: &str, token: &str) {
+    /// A known lock whose deadline passed: forgotten, and deleted by value until that is
+    /// confirmed or its session is lost.
+    async fn expire(self: &Arc<Self>, key: &str, token: &str) {
         let session = {
             let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             held.get(key)
                 .filter(|h| h.token == token)
                 .map(|h| h.session.clone())
         };
-        for _ in 0..50 {
-            match self.delete_ours(key, token).await {
-                Ok(_) => break,
-                Err(_) if session.as_ref().is_some_and(|s| s.is_lost()) => break,
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
+        if let Some(session) = session {
+            self.clone()
+                .sweep(key.to_owned(), token.to_owned(), session)
+                .await;
         }
         self.forget(key, token);
+    }
+
+    /// Deletes a lock key of ours that nobody will use (`value == token → delete`), again and
+    /// again until the delete is confirmed or the session that keeps the key is lost: the key
+    /// then goes with the session's lease.
+    async fn sweep(self: Arc<Self>, key: String, token: String, session: Arc<Session>) {
+        while !session.is_lost() && !self.closed.load(Ordering::Acquire) {
+            if self.delete_ours(&key, &token).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(SWEEP_PAUSE).await;
+        }
+    }
+
+    /// [`Inner::sweep`] in the background.
+    fn sweep_later(self: &Arc<Self>, key: &str, token: &str, session: Arc<Session>) {
+        let (key, token) = (key.to_owned(), token.to_owned());
+        io::runtime().spawn(self.clone().sweep(key, token, session));
+    }
+
+    /// The session a known lock is on.
+    fn session_of(&self, key: &str, token: &str) -> Option<Arc<Session>> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.get(key)
+            .filter(|h| h.token == token)
+            .map(|h| h.session.clone())
     }
 
     /// `value == token → delete`.
@@ -573,7 +764,10 @@ impl Inner {
     }
 
     /// The grant: the revision that created the key, or `None` when it is held. Not sent
-    /// when the engine gave it up while the session was being opened.
+    /// when the engine gave it up while the session was being opened. Sent again after an
+    /// election's failure: a copy that was applied left our token in the key, which the next
+    /// copy reads back as granted. A grant whose answer is lost for good is swept (see
+    /// [`Unsure`]).
     async fn grant(
         self: &Arc<Self>,
         key: &str,
@@ -587,12 +781,15 @@ impl Inner {
             let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             held.get(key)
                 .filter(|h| h.deadline <= start || h.session.is_lost())
-                .map(|h| h.token.clone())
+                .map(|h| (h.token.clone(), h.session.clone()))
         };
-        if let Some(old) = expired {
-            self.expire(key, &old).await;
+        if let Some((old, session)) = expired {
+            self.forget(key, &old);
+            if self.delete_ours(key, &old).await.is_err() {
+                self.sweep_later(key, &old, session);
+            }
         }
-        let mut retried = false;
+        let mut replaced = false;
         loop {
             let session = self.session().await?;
             let kv = self.client().await?.kv_client();
@@ -606,35 +803,42 @@ impl Inner {
                         .with_prefix(),
                 ])
                 .and_then([TxnOp::put(
-                    k,
+                    k.clone(),
                     token,
                     Some(PutOptions::new().with_lease(session.id)),
-                )]);
-            match self
+                )])
+                .or_else([TxnOp::get(k.clone(), None)]);
+            let unsure = Unsure::new(self, key, token, None, &session);
+            let sent = self
                 .bounded_while("a grant", Some(abandon), || {
                     let (mut kv, txn) = (kv.clone(), txn.clone());
                     async move { kv.txn(txn).await }
                 })
-                .await
-            {
+                .await;
+            let fence = match sent {
                 Ok(resp) if resp.succeeded() => {
-                    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-                    self.hold(
-                        key,
-                        token,
-                        start + Duration::from_millis(u64::from(ttl)),
-                        session,
-                    );
-                    return Ok(Some(revision.max(1) as u64));
+                    Some(resp.header().map(|h| h.revision()).unwrap_or(0))
                 }
-                Ok(_) => return Ok(None),
-                // The cluster dropped the lease before the keep-alive loop noticed.
-                Err(f) if !retried && f.message.contains("lease not found") => {
-                    let _ = session.lost.send(true);
-                    retried = true;
+                // Held, unless an earlier copy of this grant was applied.
+                Ok(resp) => ours_in(resp.op_responses(), k.as_bytes(), token),
+                // Refused as a whole: nothing was written. The session is replaced once.
+                Err(f) if !replaced && lease_gone(&f) => {
+                    unsure.settled();
+                    session.end();
+                    replaced = true;
+                    continue;
                 }
                 Err(f) => return Err(f),
-            }
+            };
+            unsure.settled();
+            let Some(fence) = fence else { return Ok(None) };
+            self.hold(
+                key,
+                token,
+                start + Duration::from_millis(u64::from(ttl)),
+                session,
+            );
+            return Ok(Some(fence.max(1) as u64));
         }
     }
 
@@ -761,6 +965,7 @@ impl Inner {
                 .filter(|h| h.token.as_bytes() == kv.value() && !h.session.is_lost())
                 .map(|h| {
                     h.deadline
+                        .min(h.session.ends())
                         .saturating_duration_since(Instant::now())
                         .as_secs_f64()
                         * 1000.0
@@ -776,7 +981,21 @@ impl Inner {
         }
     }
 
-    async fn inspect(&self, key: &str) -> Result<KeyInfo, Failure> {
+    /// Whether a stored key is a lock this library wrote: a key of the lock namespace (under
+    /// the prefix, outside the queues' `\x01` range), attached to a lease (every lock is on
+    /// its adapter's session; an application's plain key has none), holding a token (UTF-8,
+    /// not empty). `inspect`, `list` and `forceRelease` all judge by it, so the preview and
+    /// the action agree, and anything else is left alone.
+    fn is_lock(&self, kv: &etcd_client::KeyValue) -> bool {
+        let name = kv.key().strip_prefix(self.options.prefix.as_bytes());
+        name.is_some_and(|n| !n.is_empty() && n[0] != 1)
+            && kv.lease() != 0
+            && !kv.value().is_empty()
+            && std::str::from_utf8(kv.value()).is_ok()
+    }
+
+    /// The stored key for `key`, when it is a lock ([`Inner::is_lock`]).
+    async fn read_lock(&self, key: &str) -> Result<Option<etcd_client::KeyValue>, Failure> {
         let kv = self.client().await?.kv_client();
         let got = self
             .bounded("a read", || {
@@ -784,8 +1003,12 @@ impl Inner {
                 async move { kv.get(k, None::<GetOptions>).await }
             })
             .await?;
-        Ok(match got.kvs().first() {
-            Some(found) => self.info_of(key.to_owned(), found),
+        Ok(got.kvs().first().filter(|kv| self.is_lock(kv)).cloned())
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyInfo, Failure> {
+        Ok(match self.read_lock(key).await? {
+            Some(found) => self.info_of(key.to_owned(), &found),
             None => KeyInfo {
                 key: key.to_owned(),
                 ..KeyInfo::default()
@@ -794,7 +1017,7 @@ impl Inner {
     }
 
     /// A range read from `<prefix><wanted>` to the end of that prefix; the queues' keys
-    /// (`<prefix>\x01q/…`) are left out.
+    /// (`<prefix>\x01q/…`) and whatever is not a lock are left out.
     async fn list(&self, wanted: &str, limit: u32) -> Result<Vec<KeyInfo>, Failure> {
         let kv = self.client().await?.kv_client();
         let start = self.key(wanted);
@@ -803,39 +1026,68 @@ impl Inner {
             true => format!("{}\u{2}", self.options.prefix),
             false => start,
         };
-        let got = self
-            .bounded("a read", || {
-                let (mut kv, from, end) = (kv.clone(), from.clone(), end.clone());
-                let options = GetOptions::new()
-                    .with_range(end)
-                    .with_limit(i64::from(limit));
-                async move { kv.get(from, Some(options)).await }
-            })
-            .await?;
-        let prefix = self.options.prefix.as_bytes();
-        Ok(got
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let key = kv.key().strip_prefix(prefix)?;
-                let key = String::from_utf8(key.to_vec()).ok()?;
-                Some(self.info_of(key, kv)).filter(|i| i.held)
-            })
-            .collect())
+        let mut found = Vec::new();
+        let mut from = from.into_bytes();
+        // Pages of `limit` keys, until `limit` locks are found: keys that are not locks
+        // would otherwise take places in the answer.
+        loop {
+            let got = self
+                .bounded("a read", || {
+                    let (mut kv, from, end) = (kv.clone(), from.clone(), end.clone());
+                    let options = GetOptions::new()
+                        .with_range(end)
+                        .with_limit(i64::from(limit));
+                    async move { kv.get(from, Some(options)).await }
+                })
+                .await?;
+            let prefix = self.options.prefix.as_bytes();
+            for kv in got.kvs().iter().filter(|kv| self.is_lock(kv)) {
+                let Some(key) = kv.key().strip_prefix(prefix) else {
+                    continue;
+                };
+                let Ok(key) = String::from_utf8(key.to_vec()) else {
+                    continue;
+                };
+                let info = self.info_of(key, kv);
+                if info.held && found.len() < limit as usize {
+                    found.push(info);
+                }
+            }
+            match got.kvs().last() {
+                Some(last) if got.more() && found.len() < limit as usize => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(found),
+            }
+        }
     }
 
-    /// Deletes the key whatever it holds; `true` when it was there. A holder here forgets
-    /// it (its next extend reads the key, so it would fail anyway); waiters watching the key
-    /// see the delete as a release.
+    /// Deletes the lock under `key`, whatever its token; `true` when it did. Only a lock
+    /// ([`Inner::is_lock`]) is deleted, and only the very one that was judged: the delete
+    /// compares the key's revision with the read's. A holder here forgets it (its next
+    /// extend reads the key, so it would fail anyway); waiters watching the key see the
+    /// delete as a release.
     async fn force_release(&self, key: &str) -> Result<bool, Failure> {
+        let Some(found) = self.read_lock(key).await? else {
+            return Ok(false);
+        };
         let kv = self.client().await?.kv_client();
-        let deleted = self
+        let k = self.key(key);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                k.clone(),
+                CompareOp::Equal,
+                found.mod_revision(),
+            )])
+            .and_then([TxnOp::delete(k, None)]);
+        Ok(self
             .bounded("a release", || {
-                let (mut kv, k) = (kv.clone(), self.key(key));
-                async move { kv.delete(k, None).await }
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
             })
-            .await?;
-        Ok(deleted.deleted() > 0)
+            .await?
+            .succeeded())
     }
 }
 
@@ -849,6 +1101,89 @@ fn range_end(prefix: &[u8]) -> Vec<u8> {
         }
     }
     vec![0]
+}
+
+/// What a grant or a queued attempt may have written while its answer is lost: the lock key
+/// under its token and, for a queued attempt, our place. Until [`Unsure::settled`], dropping
+/// it (any error, the engine giving the request up, the request dropped) hands both to this
+/// adapter's own clean-up, which outlasts the engine's one give-back: the key is deleted by
+/// its token until that is confirmed or the session ends ([`Inner::sweep`]), and the place is
+/// kept as ours, so that its timer removes it once its waiter stops renewing it
+/// ([`Inner::keep_place`]). A guard rather than a call on each error path, so that no exit
+/// path can leave a record nobody tracks.
+struct Unsure {
+    inner: Arc<Inner>,
+    key: String,
+    token: String,
+    /// The waiter, its place's lease in ms, and its rank when known.
+    place: Option<(String, u32, Option<i64>)>,
+    session: Arc<Session>,
+    settled: bool,
+}
+
+impl Unsure {
+    fn new(
+        inner: &Arc<Inner>,
+        key: &str,
+        token: &str,
+        place: Option<(String, u32, Option<i64>)>,
+        session: &Arc<Session>,
+    ) -> Self {
+        Unsure {
+            inner: inner.clone(),
+            key: key.to_owned(),
+            token: token.to_owned(),
+            place,
+            session: session.clone(),
+            settled: false,
+        }
+    }
+
+    /// The answer came: whatever was written is known.
+    fn settled(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for Unsure {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        if let Some((waiter, lease, rank)) = self.place.take() {
+            self.inner
+                .keep_place(&self.key, &waiter, rank, lease, self.session.clone());
+        }
+        self.inner
+            .sweep_later(&self.key, &self.token, self.session.clone());
+    }
+}
+
+/// The fence of our own grant found in a transaction's reads (nested ones included): the
+/// create revision of `key` when it carries `token`.
+fn ours_in(responses: Vec<etcd_client::TxnOpResponse>, key: &[u8], token: &str) -> Option<i64> {
+    responses.into_iter().find_map(|r| match r {
+        etcd_client::TxnOpResponse::Get(g) => g
+            .kvs()
+            .iter()
+            .find(|kv| kv.key() == key && kv.value() == token.as_bytes())
+            .map(|kv| kv.create_revision()),
+        etcd_client::TxnOpResponse::Txn(t) => ours_in(t.op_responses(), key, token),
+        _ => None,
+    })
+}
+
+/// The create revision of `place` among a transaction's reads (nested ones included).
+fn rank_in(responses: Vec<etcd_client::TxnOpResponse>, place: &[u8]) -> Option<i64> {
+    responses.into_iter().find_map(|r| match r {
+        etcd_client::TxnOpResponse::Get(g) => g
+            .kvs()
+            .iter()
+            .find(|kv| kv.key() == place)
+            .map(|kv| kv.create_revision()),
+        etcd_client::TxnOpResponse::Txn(t) => rank_in(t.op_responses(), place),
+        _ => None,
+    })
 }
 
 /// A waiter's watch on its key; dropping it cancels the watch.
@@ -880,12 +1215,9 @@ async fn keep_alive(
     client: Client,
     session: Arc<Session>,
     ttl: Duration,
-    mut last_ok: Instant,
     mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
 ) {
     let interval = (ttl / 3).max(Duration::from_millis(300));
-    // Lost a little before the cluster could expire the lease (clock rates differ).
-    let margin = ttl / 100;
     let mut lease = client.lease_client();
     loop {
         let alive = inner
@@ -894,7 +1226,7 @@ async fn keep_alive(
         if !alive || session.is_lost() {
             break;
         }
-        let expiry = last_ok + ttl - margin;
+        let expiry = session.ends();
         let sent = Instant::now();
         let beat = async {
             if stream.is_none() {
@@ -906,32 +1238,40 @@ async fn keep_alive(
         };
         match tokio::time::timeout_at(expiry.min(sent + interval), beat).await {
             Ok(Ok(Some(r))) if r.ttl() > 0 => {
-                last_ok = sent;
+                // Counted from when the beat left: never later than the cluster's own count.
+                session.renewed(sent + ttl - drift_margin(ttl));
                 tokio::time::sleep_until(sent + interval).await;
-                continue;
             }
             // The cluster no longer knows the lease.
             Ok(Ok(Some(_))) => break,
             Ok(Ok(None)) | Ok(Err(_)) => {
                 stream = None;
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                let pause = Instant::now() + Duration::from_millis(100);
+                tokio::time::sleep_until(pause.min(expiry)).await;
             }
             // No answer in time: the stream may hang on a dead member; open another.
             Err(_) => stream = None,
         }
-        if Instant::now() >= last_ok + ttl - margin {
-            break;
-        }
     }
-    let _ = session.lost.send(true);
+    session.end();
     if let Some(inner) = inner.upgrade() {
         let mut slot = inner.session.lock().await;
         if slot.as_ref().is_some_and(|s| s.id == session.id) {
             *slot = None;
         }
     }
-    // Best effort: a cluster that elected a new leader may have renewed the lease.
-    let _ = tokio::time::timeout(Duration::from_secs(5), lease.revoke(session.id)).await;
+    // The keys on it must go now: a cluster that elected a new leader restarted the lease's
+    // countdown, and a record this adapter still meant to delete stopped being tracked when
+    // the session was lost. Sent again through an election, until the cluster says the lease
+    // is gone or it would have expired anyway.
+    let until = Instant::now() + ttl + ttl;
+    while Instant::now() < until {
+        match tokio::time::timeout(ttl / 3, lease.revoke(session.id)).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(e)) if !retryable(&e) => break,
+            _ => tokio::time::sleep(RESEND_PAUSE).await,
+        }
+    }
 }
 
 impl Backend for EtcdBackend {
@@ -957,7 +1297,18 @@ impl Backend for EtcdBackend {
                 }
                 released.insert(token.clone());
             }
-            let deleted = inner.delete_ours(&key, &token).await?;
+            let deleted = match inner.delete_ours(&key, &token).await {
+                Ok(deleted) => deleted,
+                Err(f) => {
+                    // Not confirmed: deleted in the background until it is, or until the
+                    // session ends.
+                    if let Some(session) = inner.session_of(&key, &token) {
+                        inner.sweep_later(&key, &token, session);
+                    }
+                    inner.forget(&key, &token);
+                    return Err(f);
+                }
+            };
             inner.forget(&key, &token);
             // A key whose deadline passed is no longer ours to release, even if it was there.
             Ok(deleted && was_live != Some(false))
@@ -1039,19 +1390,21 @@ impl Backend for EtcdBackend {
     }
 
     fn watch_lost(&self, key: &str, token: &str) -> Option<Op<()>> {
-        let (mut lost, mut alive) = {
+        let (session, mut alive) = {
             let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
             let h = held.get(key).filter(|h| h.token == token)?;
-            (h.session.lost.subscribe(), h.alive.subscribe())
+            (h.session.clone(), h.alive.subscribe())
         };
         Some(io::run("etcd", move |_| async move {
+            // At the session's end on the clock at the latest, whether or not the keep-alive
+            // task has noticed yet.
             let lost_now = tokio::select! {
                 biased;
-                r = lost.wait_for(|v| *v) => r.is_ok(),
+                () = session.over() => true,
                 // The lock ended (released, expired); a loss at the same moment still wins.
                 _ = alive.changed() => false,
             };
-            if lost_now || *lost.borrow() {
+            if lost_now || session.is_lost() {
                 Ok(())
             } else {
                 Err(Failure::new(
@@ -1083,7 +1436,7 @@ impl Inner {
         self: &Arc<Self>,
         key: &str,
         waiter: &str,
-        revision: i64,
+        revision: Option<i64>,
         lease: u32,
         session: Arc<Session>,
     ) {
@@ -1103,7 +1456,7 @@ impl Inner {
                 },
             );
         let inner = Arc::downgrade(self);
-        tokio::spawn(async move {
+        io::runtime().spawn(async move {
             tokio::time::sleep_until(deadline).await;
             let Some(inner) = inner.upgrade() else { return };
             let current = inner
@@ -1118,11 +1471,46 @@ impl Inner {
         });
     }
 
-    async fn leave_queue(&self, key: &str, waiter: &str) -> Result<(), Failure> {
-        self.places
+    /// Deletes our place. One that cannot be deleted now is deleted in the background until
+    /// that is confirmed, its session ends, or its waiter takes a place again.
+    async fn leave_queue(self: &Arc<Self>, key: &str, waiter: &str) -> Result<(), Failure> {
+        let id = (key.to_owned(), waiter.to_owned());
+        let known = self
+            .places
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&(key.to_owned(), waiter.to_owned()));
+            .remove(&id)
+            .map(|p| p.session);
+        let first = self.delete_place(key, waiter).await;
+        if first.is_err() {
+            let session = match known {
+                Some(s) => Some(s),
+                None => self.session.try_lock().ok().and_then(|s| s.clone()),
+            };
+            if let Some(session) = session {
+                let inner = self.clone();
+                io::runtime().spawn(async move {
+                    loop {
+                        tokio::time::sleep(SWEEP_PAUSE).await;
+                        let back = inner
+                            .places
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .contains_key(&id);
+                        if back || session.is_lost() || inner.closed.load(Ordering::Acquire) {
+                            return;
+                        }
+                        if inner.delete_place(&id.0, &id.1).await.is_ok() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+        first
+    }
+
+    async fn delete_place(&self, key: &str, waiter: &str) -> Result<(), Failure> {
         let kv = self.client().await?.kv_client();
         let place = self.place_key(key, waiter);
         self.bounded("leaving a queue", || {
@@ -1133,6 +1521,8 @@ impl Inner {
         Ok(())
     }
 
+    /// One queued attempt (see the section's comment). Sent again after an election's failure,
+    /// as a plain grant is; a lost answer leaves an [`Unsure`] record behind.
     async fn acquire_queued(
         self: &Arc<Self>,
         key: &str,
@@ -1143,90 +1533,119 @@ impl Inner {
         abandon: &io::OnAbandon,
     ) -> Result<Queued, Failure> {
         let start = Instant::now();
-        let session = self.session().await?;
-        let kv = self.client().await?.kv_client();
-        abandon.still_wanted("etcd")?;
-        let (k, range, place) = (
-            self.key(key),
-            self.queue_prefix(key),
-            self.place_key(key, waiter),
-        );
-        let known = {
-            let places = self.places.lock().unwrap_or_else(|p| p.into_inner());
-            places
-                .get(&(key.to_owned(), waiter.to_owned()))
-                .filter(|p| {
-                    p.deadline > start && !p.session.is_lost() && p.session.id == session.id
-                })
-                .map(|p| p.revision)
-        };
-        let put_lock = TxnOp::put(
-            k.clone(),
-            token,
-            Some(PutOptions::new().with_lease(session.id)),
-        );
-        let txn = match known {
-            // In the queue: the head takes a free key.
-            Some(rank) => Txn::new()
-                .when([
-                    Compare::create_revision(k.clone(), CompareOp::Equal, 0),
-                    Compare::create_revision(place.clone(), CompareOp::Equal, rank),
-                    Compare::create_revision(range.clone(), CompareOp::Greater, rank - 1)
-                        .with_prefix(),
-                ])
-                .and_then([put_lock, TxnOp::delete(place.clone(), None)])
-                .or_else([TxnOp::get(place.clone(), None)]),
-            // Not yet: a free key with nobody waiting is ours, else we join at the back.
-            None => Txn::new()
-                .when([
-                    Compare::create_revision(k.clone(), CompareOp::Equal, 0),
-                    Compare::create_revision(range.clone(), CompareOp::Equal, 0).with_prefix(),
-                ])
-                .and_then([put_lock, TxnOp::delete(place.clone(), None)])
-                .or_else([
-                    TxnOp::put(
-                        place.clone(),
-                        waiter,
-                        Some(PutOptions::new().with_lease(session.id)),
-                    ),
-                    TxnOp::get(place.clone(), None),
-                ]),
-        };
-        let resp = self
-            .bounded_while("a queued grant", Some(abandon), || {
-                let (mut kv, txn) = (kv.clone(), txn.clone());
-                async move { kv.txn(txn).await }
-            })
-            .await?;
-        if resp.succeeded() {
-            self.places
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&(key.to_owned(), waiter.to_owned()));
-            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-            self.hold(
+        let mut replaced = false;
+        loop {
+            let session = self.session().await?;
+            let kv = self.client().await?.kv_client();
+            abandon.still_wanted("etcd")?;
+            let (k, range, place) = (
+                self.key(key),
+                self.queue_prefix(key),
+                self.place_key(key, waiter),
+            );
+            let known = {
+                let places = self.places.lock().unwrap_or_else(|p| p.into_inner());
+                places
+                    .get(&(key.to_owned(), waiter.to_owned()))
+                    .filter(|p| {
+                        p.deadline > start && !p.session.is_lost() && p.session.id == session.id
+                    })
+                    .and_then(|p| p.revision)
+            };
+            let put_lock = TxnOp::put(
+                k.clone(),
+                token,
+                Some(PutOptions::new().with_lease(session.id)),
+            );
+            let txn = match known {
+                // In the queue: the head takes a free key.
+                Some(rank) => Txn::new()
+                    .when([
+                        Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                        Compare::create_revision(place.clone(), CompareOp::Equal, rank),
+                        Compare::create_revision(range.clone(), CompareOp::Greater, rank - 1)
+                            .with_prefix(),
+                    ])
+                    .and_then([put_lock, TxnOp::delete(place.clone(), None)])
+                    .or_else([TxnOp::get(place.clone(), None), TxnOp::get(k.clone(), None)]),
+                // Not yet: a free key with nobody waiting is ours, else we join at the back,
+                // unless an earlier copy of this attempt was applied and took the key (a
+                // place put then would hold the queue up behind our own lock).
+                None => Txn::new()
+                    .when([
+                        Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                        Compare::create_revision(range.clone(), CompareOp::Equal, 0).with_prefix(),
+                    ])
+                    .and_then([put_lock, TxnOp::delete(place.clone(), None)])
+                    .or_else([TxnOp::txn(
+                        Txn::new()
+                            .when([Compare::value(k.clone(), CompareOp::Equal, token)])
+                            .and_then([TxnOp::get(k.clone(), None)])
+                            .or_else([
+                                TxnOp::put(
+                                    place.clone(),
+                                    waiter,
+                                    Some(PutOptions::new().with_lease(session.id)),
+                                ),
+                                TxnOp::get(place.clone(), None),
+                            ]),
+                    )]),
+            };
+            let unsure = Unsure::new(
+                self,
                 key,
                 token,
-                start + Duration::from_millis(u64::from(ttl)),
-                session,
+                Some((waiter.to_owned(), lease, known)),
+                &session,
             );
-            return Ok(Queued::Granted(Some(revision.max(1) as u64)));
-        }
-        let rank = resp.op_responses().into_iter().find_map(|r| match r {
-            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
-            _ => None,
-        });
-        match rank {
-            Some(rank) => self.keep_place(key, waiter, rank, lease, session),
-            // Our place is gone (its lease ran out): the next attempt joins again.
-            None => {
+            let sent = self
+                .bounded_while("a queued grant", Some(abandon), || {
+                    let (mut kv, txn) = (kv.clone(), txn.clone());
+                    async move { kv.txn(txn).await }
+                })
+                .await;
+            let resp = match sent {
+                Ok(resp) => resp,
+                // Refused as a whole: nothing was written. The session is replaced once.
+                Err(f) if !replaced && lease_gone(&f) => {
+                    unsure.settled();
+                    session.end();
+                    replaced = true;
+                    continue;
+                }
+                Err(f) => return Err(f),
+            };
+            unsure.settled();
+            let id = (key.to_owned(), waiter.to_owned());
+            let fence = match resp.succeeded() {
+                true => Some(resp.header().map(|h| h.revision()).unwrap_or(0)),
+                false => ours_in(resp.op_responses(), k.as_bytes(), token),
+            };
+            if let Some(fence) = fence {
                 self.places
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .remove(&(key.to_owned(), waiter.to_owned()));
+                    .remove(&id);
+                self.hold(
+                    key,
+                    token,
+                    start + Duration::from_millis(u64::from(ttl)),
+                    session,
+                );
+                return Ok(Queued::Granted(Some(fence.max(1) as u64)));
             }
+            match rank_in(resp.op_responses(), place.as_bytes()) {
+                Some(rank) => self.keep_place(key, waiter, Some(rank), lease, session),
+                // Our place is gone (its lease ran out): the next attempt joins again.
+                None => {
+                    self.places
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                }
+            }
+            return Ok(Queued::Waiting { retry_in: None });
         }
-        Ok(Queued::Waiting { retry_in: None })
     }
 }
 
@@ -1239,42 +1658,62 @@ impl EtcdBackend {
         let k = self.inner.key(key);
         let range = self.inner.queue_prefix(key);
         let task = io::runtime().spawn(async move {
-            let client = match inner.upgrade() {
-                Some(i) => match i.client().await {
-                    Ok(c) => c,
-                    Err(_) => return,
-                },
-                None => return,
-            };
-            let options = WatchOptions::new()
-                .with_filters([WatchFilterType::NoPut])
-                .with_prev_key();
-            let Ok(mut stream) = client.watch_client().watch(k, Some(options.clone())).await else {
-                return;
-            };
-            if with_queue
-                && stream
-                    .watch(range, Some(options.with_prefix()))
-                    .await
-                    .is_err()
-            {
-                return;
-            }
             let mut ends = 0u64;
-            while let Ok(Some(resp)) = stream.message().await {
-                let Some(inner) = inner.upgrade() else { return };
-                for ev in resp.events() {
-                    if ev.event_type() != EventType::Delete {
-                        continue;
-                    }
-                    let own = skip_own
-                        && ev.prev_kv().is_some_and(|kv| {
-                            let released = inner.released.lock().unwrap_or_else(|p| p.into_inner());
-                            std::str::from_utf8(kv.value()).is_ok_and(|t| released.contains(t))
-                        });
-                    if !own {
-                        ends += 1;
-                        let _ = tx.send(ends);
+            let mut first = true;
+            // A watch breaks with its member (killed, restarted, cut off): it is opened again
+            // on another one, and its waiter woken, since a delete may have gone unseen.
+            loop {
+                if !first {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let client = match inner.upgrade() {
+                    Some(i) if !i.closed.load(Ordering::Acquire) => match i.client().await {
+                        Ok(c) => c,
+                        Err(_) => return,
+                    },
+                    _ => return,
+                };
+                let options = WatchOptions::new()
+                    .with_filters([WatchFilterType::NoPut])
+                    .with_prev_key();
+                let Ok(mut stream) = client
+                    .watch_client()
+                    .watch(k.clone(), Some(options.clone()))
+                    .await
+                else {
+                    first = false;
+                    continue;
+                };
+                if with_queue
+                    && stream
+                        .watch(range.clone(), Some(options.with_prefix()))
+                        .await
+                        .is_err()
+                {
+                    first = false;
+                    continue;
+                }
+                if !first {
+                    ends += 1;
+                    let _ = tx.send(ends);
+                }
+                first = false;
+                while let Ok(Some(resp)) = stream.message().await {
+                    let Some(inner) = inner.upgrade() else { return };
+                    for ev in resp.events() {
+                        if ev.event_type() != EventType::Delete {
+                            continue;
+                        }
+                        let own = skip_own
+                            && ev.prev_kv().is_some_and(|kv| {
+                                let released =
+                                    inner.released.lock().unwrap_or_else(|p| p.into_inner());
+                                std::str::from_utf8(kv.value()).is_ok_and(|t| released.contains(t))
+                            });
+                        if !own {
+                            ends += 1;
+                            let _ = tx.send(ends);
+                        }
                     }
                 }
             }
@@ -1389,6 +1828,39 @@ mod tests {
             !not_sent(&no_leader),
             "a member without a leader saw the request"
         );
+        // An election's answers are sent again; a refusal of the request itself is not.
+        for (status, again) in [
+            (
+                tonic::Status::unavailable("etcdserver: leader changed"),
+                true,
+            ),
+            (tonic::Status::unavailable("etcdserver: no leader"), true),
+            (tonic::Status::cancelled("operation was canceled"), true),
+            (tonic::Status::unknown("transport error"), true),
+            (
+                tonic::Status::unavailable("invalid peer certificate"),
+                false,
+            ),
+            (
+                tonic::Status::not_found("etcdserver: requested lease not found"),
+                false,
+            ),
+            (
+                tonic::Status::invalid_argument("etcdserver: key is not provided"),
+                false,
+            ),
+            (
+                tonic::Status::permission_denied("etcdserver: permission denied"),
+                false,
+            ),
+        ] {
+            let text = status.message().to_owned();
+            assert_eq!(
+                retryable(&etcd_client::Error::GRpcStatus(status)),
+                again,
+                "{text}"
+            );
+        }
         let f = failure_of(
             &["hunter2-pw".into()],
             etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(
