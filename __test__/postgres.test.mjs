@@ -202,12 +202,13 @@ describe('PostgresAdapter', () => {
     const session = await holdRow(pg, 'setaside', 'blocked');
     let waiting;
     try {
-      const held = await locker.acquire('held', { ttl: 600, autoExtend: { maxHold: 60_000 } });
-      waiting = Array.from({ length: 3 }, () => locker.acquire('blocked', { ttl: 10_000, retry: { timeout: 4000 } }).catch((e) => e));
-      await sleep(3000);
+      // The acquisitions wait for their whole budget, far longer than the lease.
+      const held = await locker.acquire('held', { ttl: 1200, autoExtend: { maxHold: 60_000 } });
+      waiting = Array.from({ length: 3 }, () => locker.acquire('blocked', { ttl: 10_000, retry: { timeout: 6000 } }).catch((e) => e));
+      await sleep(4000);
       const extended = events.filter((e) => e.type === 'extended' && e.key === 'held').length;
       assert.equal(held.state, 'held', `lost (${held.lostReason}) while acquisitions waited on another row`);
-      assert.ok(extended >= 3, `renewed ${extended} times in 3 s`);
+      assert.ok(extended >= 3, `renewed ${extended} times in 4 s`);
       assert.equal(await held.release(), true);
     } finally {
       session.end();
