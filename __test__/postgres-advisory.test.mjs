@@ -274,9 +274,11 @@ describe('PostgresAdapter mode: advisory', () => {
   it('a lease that runs out unlocks on the server, so the key is free after the TTL', async () => {
     await using adapter = advisory();
     const locker = new Locker({ adapter });
-    const lock = await locker.acquire('ttl', { ttl: 300 });
+    // A psql call blocks the event loop for a few hundred ms on a busy machine: a lease of
+    // 1.5 s outlasts it.
+    const lock = await locker.acquire('ttl', { ttl: 1500 });
     assert.equal(serverLocks().length, 1);
-    await sleep(450);
+    await sleep(2000);
     assert.equal(lock.state, 'lost');
     await until(() => serverLocks().length === 0, 2000);
     assert.equal(await lock.extend(1000).catch((e) => e.code), 'LOCK_LOST');
@@ -288,8 +290,8 @@ describe('PostgresAdapter mode: advisory', () => {
   it('auto-extension keeps the session lock past its TTL', async () => {
     await using adapter = advisory();
     const locker = new Locker({ adapter });
-    const lock = await locker.acquire('ax', { ttl: 300, autoExtend: { maxHold: 5000 } });
-    await sleep(900);
+    const lock = await locker.acquire('ax', { ttl: 1500, autoExtend: { maxHold: 10_000 } });
+    await sleep(3000);
     assert.equal(lock.state, 'held');
     assert.equal(await lock.isHeld(), true);
     assert.equal(serverLocks().length, 1);
