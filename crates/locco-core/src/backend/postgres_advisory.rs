@@ -5,7 +5,8 @@
 //! table is written. Each held lock has a small task on the I/O thread that owns its
 //! connection and answers release, extend and `is_held` on it, in order. The task ends the
 //! lock when
-//! - the holder releases it (`pg_advisory_unlock`, and the connection goes back to the pool);
+//! - the holder releases it (`pg_advisory_unlock`, and the connection goes back to the pool;
+//!   an unlock that fails closes the connection instead, so the lock is lost, not released);
 //! - the lease runs out without an extension (the same unlock: the next holder can take the
 //!   key once the TTL is over, as with every other backend);
 //! - the connection ends (terminated, the server restarted, the network broke): the server has
