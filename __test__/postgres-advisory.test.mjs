@@ -128,6 +128,89 @@ describe('PostgresAdapter mode: advisory', () => {
     await taken.release();
   });
 
+  it('a session that ends between the grant and the Lock is lost at once', async () => {
+    await using adapter = advisory();
+    const space = `adv_${spaces}`;
+    await using other = advisory({ tableName: space });
+    const n = sqlHash(space, 'k');
+    const pending = new Locker({ adapter }).acquire('k', { ttl: 60_000 });
+    // The event loop stays busy from here: the server grants the lock, its session is
+    // terminated and the adapter sees it end, all before the engine reads the grant.
+    const end = Date.now() + 10_000;
+    let pid;
+    while (!pid && Date.now() < end) pid = serverLocks().find(([k]) => k === n)?.[1];
+    assert.ok(pid, 'the server granted the lock');
+    pg.psql(`SELECT pg_terminate_backend(${pid})`);
+    while (serverLocks().some(([k]) => k === n) && Date.now() < end);
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 500);
+    const lock = await pending;
+    await until(() => lock.signal.aborted, 3000).catch(() => assert.fail(`the lock reads ${lock.state} with its session gone`));
+    assert.equal(lock.state, 'lost');
+    assert.equal(lock.lostReason, 'session');
+    assert.ok(lock.signal.reason instanceof LockLostError);
+    const taken = await new Locker({ adapter: other }).tryAcquire('k', { ttl: 10_000 });
+    assert.ok(taken, 'the key is free for another process');
+    await taken.release();
+  });
+
+  it('a release whose unlock fails ends the session and reports the lock lost, not released', async () => {
+    pg.psql("CREATE ROLE unlocker LOGIN PASSWORD 'unlocker-pw'");
+    await using adapter = advisory({ url: pg.urlFor('unlocker', 'unlocker-pw') });
+    const space = `adv_${spaces}`;
+    await using other = advisory({ tableName: space });
+    const events = [];
+    const lock = await new Locker({ adapter, onEvent: (e) => events.push(e.type) }).acquire('k', { ttl: 60_000 });
+    // The unlock now fails on the server, on a connection that still works.
+    pg.psql('REVOKE EXECUTE ON FUNCTION pg_advisory_unlock(bigint) FROM PUBLIC');
+    let answer;
+    try {
+      answer = await lock.release().catch((e) => e);
+    } finally {
+      pg.psql('GRANT EXECUTE ON FUNCTION pg_advisory_unlock(bigint) TO PUBLIC');
+    }
+    assert.ok(answer instanceof BackendError && answer.backend === 'postgres', `release answered ${answer}`);
+    await until(() => lock.signal.aborted, 3000).catch(() => assert.fail(`the lock reads ${lock.state} after its session was closed`));
+    assert.equal(lock.state, 'lost');
+    assert.equal(lock.lostReason, 'session');
+    assert.ok(events.includes('lost') && events.includes('releaseFailed') && !events.includes('released'), events.join(', '));
+    // Closing the session freed the key on the server.
+    await until(() => !serverLocks().some(([k]) => k === sqlHash(space, 'k')), 3000);
+    const taken = await new Locker({ adapter: other }).tryAcquire('k', { ttl: 10_000 });
+    assert.ok(taken);
+    await taken.release();
+    assert.equal(await lock.release(), false);
+  });
+
+  it('with every pooled connection holding a lock, an acquire waiting for one fails at once', async () => {
+    await using adapter = advisory({ poolSize: 2 });
+    const locker = new Locker({ adapter });
+    const x = await locker.acquire('x', { ttl: 30_000 });
+    const t0 = performance.now();
+    const answers = await Promise.all(['y', 'z'].map((k) => locker.acquire(k, { ttl: 30_000, retry: { timeout: 8000 } }).catch((e) => e)));
+    const took = performance.now() - t0;
+    const failed = answers.filter((a) => a instanceof Error);
+    assert.equal(failed.length, 1, answers.map(String).join(', '));
+    assert.ok(failed[0] instanceof BackendError && /poolSize/.test(failed[0].message), String(failed[0]));
+    assert.ok(took < 3000, `failed after ${took.toFixed(0)} ms, not at once`);
+    await Promise.all([x, ...answers.filter((a) => !(a instanceof Error))].map((l) => l.release()));
+  });
+
+  it('forceRelease and list are refused and never touch a session that holds the number', async () => {
+    await using adapter = advisory({ keys: 'integer' });
+    const locker = new Locker({ adapter });
+    const session = pg.session('SELECT pg_advisory_lock(4242); SELECT pg_sleep(60);\n');
+    try {
+      await until(() => serverLocks().some(([n]) => n === '4242'));
+      const [[, pid]] = serverLocks().filter(([n]) => n === '4242');
+      await assert.rejects(locker.forceRelease('4242'), (e) => e instanceof ValidationError && e.field === 'mode');
+      await assert.rejects(locker.list(), (e) => e instanceof ValidationError && e.field === 'mode');
+      assert.deepEqual(serverLocks().filter(([n]) => n === '4242'), [['4242', pid]], 'the other session still holds it');
+    } finally {
+      pg.psql("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242");
+      session.kill();
+    }
+  });
+
   it('a server restart loses every held lock, and acquiring works again after', async () => {
     await using adapter = advisory({ connectTimeout: 2000 });
     const locker = new Locker({ adapter });
@@ -191,9 +274,11 @@ describe('PostgresAdapter mode: advisory', () => {
   it('a lease that runs out unlocks on the server, so the key is free after the TTL', async () => {
     await using adapter = advisory();
     const locker = new Locker({ adapter });
-    const lock = await locker.acquire('ttl', { ttl: 300 });
+    // A psql call blocks the event loop for a few hundred ms on a busy machine: a lease of
+    // 1.5 s outlasts it.
+    const lock = await locker.acquire('ttl', { ttl: 1500 });
     assert.equal(serverLocks().length, 1);
-    await sleep(450);
+    await sleep(2000);
     assert.equal(lock.state, 'lost');
     await until(() => serverLocks().length === 0, 2000);
     assert.equal(await lock.extend(1000).catch((e) => e.code), 'LOCK_LOST');
@@ -205,8 +290,8 @@ describe('PostgresAdapter mode: advisory', () => {
   it('auto-extension keeps the session lock past its TTL', async () => {
     await using adapter = advisory();
     const locker = new Locker({ adapter });
-    const lock = await locker.acquire('ax', { ttl: 300, autoExtend: { maxHold: 5000 } });
-    await sleep(900);
+    const lock = await locker.acquire('ax', { ttl: 1500, autoExtend: { maxHold: 10_000 } });
+    await sleep(3000);
     assert.equal(lock.state, 'held');
     assert.equal(await lock.isHeld(), true);
     assert.equal(serverLocks().length, 1);

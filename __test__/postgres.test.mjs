@@ -193,6 +193,31 @@ describe('PostgresAdapter', () => {
     await held.release();
   });
 
+  it('renewals do not wait for a connection behind acquisitions blocked on another row', async () => {
+    const adapter = new PostgresAdapter({ url: pg.url, tableName: 'setaside', poolSize: 2 });
+    const events = [];
+    const locker = new Locker({ adapter, onEvent: (e) => events.push(e) });
+    await locker.acquire('blocked', { ttl: 100 });
+    await sleep(150); // expired, but the row is still there for another transaction to lock
+    const session = await holdRow(pg, 'setaside', 'blocked');
+    let waiting;
+    try {
+      // The acquisitions wait for their whole budget, far longer than the lease.
+      const held = await locker.acquire('held', { ttl: 1200, autoExtend: { maxHold: 60_000 } });
+      waiting = Array.from({ length: 3 }, () => locker.acquire('blocked', { ttl: 10_000, retry: { timeout: 6000 } }).catch((e) => e));
+      await sleep(4000);
+      const extended = events.filter((e) => e.type === 'extended' && e.key === 'held').length;
+      assert.equal(held.state, 'held', `lost (${held.lostReason}) while acquisitions waited on another row`);
+      assert.ok(extended >= 3, `renewed ${extended} times in 4 s`);
+      assert.equal(await held.release(), true);
+    } finally {
+      session.end();
+    }
+    const answers = await Promise.all(waiting);
+    for (const a of answers) if (a.release) await a.release();
+    await adapter.close();
+  });
+
   it('cancels an abandoned statement and discards its connection (no TLS)', async () => {
     await abandonedStatementIsCancelled(pg, pg.url, 'cancelplain');
   });
@@ -240,6 +265,49 @@ describe('PostgresAdapter', () => {
       session.end();
     }
     adapter.close();
+  });
+
+  it('inspect, list and forceRelease agree, and touch only live locks the adapter wrote', async () => {
+    // A migration's table that lets an application put rows of its own beside the locks.
+    pg.psql('CREATE TABLE userrows (key text PRIMARY KEY, token text, expires_at timestamptz)');
+    pg.psql(`INSERT INTO userrows VALUES
+      ('u:null-token', NULL, now() + interval '1 hour'),
+      ('u:empty-token', '', now() + interval '1 hour'),
+      ('u:no-expiry', 'precious', NULL),
+      ('u:forever', 'precious', 'infinity'),
+      ('u:far', 'precious', now() + interval '100 years'),
+      ('u:expired', 'old', now() - interval '1 hour')`);
+    const adapter = new PostgresAdapter({ url: pg.url, tableName: 'userrows', createTable: false });
+    const locker = new Locker({ adapter });
+    const lock = await locker.acquire('u:lock', { ttl: 60_000, holder: 'worker' });
+    const others = ['u:null-token', 'u:empty-token', 'u:no-expiry', 'u:forever', 'u:far', 'u:expired'];
+    for (const key of others) {
+      assert.deepEqual(await locker.inspect(key), { held: false }, key);
+      assert.equal(await locker.forceRelease(key), false, key);
+    }
+    assert.equal(pg.psql(`SELECT count(*) FROM userrows WHERE key <> 'u:lock'`), String(others.length), 'every row that is not a lock is still there');
+    assert.deepEqual(
+      (await locker.list({ prefix: 'u:' })).map((k) => [k.key, k.held, k.holder]),
+      [['u:lock', true, 'worker']],
+    );
+    const seen = await locker.inspect('u:lock');
+    assert.equal(seen.held, true);
+    assert.equal(await locker.forceRelease('u:lock'), true);
+    assert.equal(pg.psql(`SELECT count(*) FROM userrows WHERE key = 'u:lock'`), '0');
+    assert.equal(await lock.release(), false);
+    await adapter.close();
+    // The same on a table the adapter made, with its waiter table (the queue's statements).
+    const fair = new Locker({ adapter: new PostgresAdapter({ url: pg.url, tableName: 'userrowsfair' }) });
+    const queued = await fair.acquire('f:lock', { ttl: 60_000 });
+    pg.psql(`INSERT INTO userrowsfair VALUES ('f:forever', 'precious', 'infinity'), ('f:expired', 'old', now() - interval '1 hour')`);
+    for (const key of ['f:forever', 'f:expired']) {
+      assert.deepEqual(await fair.inspect(key), { held: false }, key);
+      assert.equal(await fair.forceRelease(key), false, key);
+    }
+    assert.deepEqual((await fair.list({ prefix: 'f:' })).map((k) => k.key), ['f:lock']);
+    assert.equal(await fair.forceRelease('f:lock'), true);
+    assert.equal(pg.psql('SELECT count(*) FROM userrowsfair'), '2');
+    assert.equal(await queued.release(), false);
   });
 
   it('sweepExpired removes expired rows and answers how many', async () => {

@@ -6,7 +6,10 @@
 //! due together renew in one `UPDATE … FROM unnest(keys, tokens, ttls)`. A statement the engine
 //! stops waiting for (its budget ran out, say, behind another transaction's row lock) is
 //! cancelled on the server and its connection closed, never pooled again; a statement timeout
-//! on every connection bounds what no cancel reaches.
+//! on every connection bounds what no cancel reaches. Such a wait still keeps its connection
+//! for the rest of its attempt, so acquisitions and the operator verbs share one connection
+//! fewer than the pool has: the last one is kept for holders (release, extend, `isHeld`),
+//! whose renewals must not wait behind acquisitions of a key some transaction has locked.
 //!
 //! Waiters take turns in `<table>_waiters` (see [`super::postgres_queue`]): a release notifies
 //! the head of the key's queue, and a try is refused while anyone waits. Without that table
@@ -196,11 +199,13 @@ struct Statements {
     extend_many: String,
     is_held: String,
     sweep: String,
-    /// `$1` key: the live row's token and ms left.
+    /// `$1` key: the token and ms left of the key's row, when it is a live lock (see
+    /// [`live_lock`]).
     inspect: String,
-    /// `$1` prefix, `$2` limit: the live rows' key, token and ms left, in key order.
+    /// `$1` prefix, `$2` limit: key, token and ms left of the live locks, in key order.
     list: String,
-    /// `$1` key: deletes the row whatever its token; one row `live` when there was one.
+    /// `$1` key: deletes the key's row whatever its token, only when it is a live lock; one
+    /// row when it was.
     force_release: String,
     fair: Option<FairStatements>,
 }
@@ -239,21 +244,40 @@ impl Statements {
             ),
             sweep: format!("DELETE FROM {t} WHERE expires_at <= clock_timestamp()"),
             inspect: format!(
-                "SELECT token, {LEFT_MS} FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
+                "SELECT token, {LEFT_MS} FROM {t} WHERE key = $1 AND {lock}",
+                lock = live_lock("")
             ),
             // `key >= $1` lets the planner walk the primary key from the prefix on (in every
             // collation a string sorts after its prefixes); the `left` test keeps it exact.
             list: format!(
                 "SELECT key, token, {LEFT_MS} FROM {t} WHERE key >= $1 \
-                 AND left(key, length($1)) = $1 AND expires_at > clock_timestamp() \
-                 ORDER BY key LIMIT $2"
+                 AND left(key, length($1)) = $1 AND {lock} ORDER BY key LIMIT $2",
+                lock = live_lock("")
             ),
             force_release: format!(
-                "DELETE FROM {t} WHERE key = $1 RETURNING expires_at > clock_timestamp()"
+                "DELETE FROM {t} WHERE key = $1 AND {lock} RETURNING true",
+                lock = live_lock("")
             ),
-            fair: n.waiters.as_ref().map(|w| FairStatements::new(t, w, &fence)),
+            fair: n
+                .waiters
+                .as_ref()
+                .map(|w| FairStatements::new(t, w, &fence, &live_lock(""))),
         }
     }
+}
+
+/// Whether a row (named `{alias}`) is a live lock this adapter wrote: a non-empty token and a
+/// lease that has not ended and is no longer than the longest TTL a lock may ask for. The one
+/// test of `inspect`, `list` and `forceRelease` (and the queue's forced release), so what an
+/// operator is shown is what a forced release deletes. A row another program put in the table
+/// (a NULL or empty token, no expiry, `infinity`) is not a lock, nor is an expired one: they
+/// are reported as not held and never deleted.
+fn live_lock(alias: &str) -> String {
+    format!(
+        "({alias}token <> '' AND {alias}expires_at > clock_timestamp() \
+         AND {alias}expires_at <= clock_timestamp() + interval '{max} milliseconds')",
+        max = crate::engine::options::MAX_TTL_MS as u64
+    )
 }
 
 /// Milliseconds left of a row's lease, by the server's clock.
@@ -290,6 +314,12 @@ struct Inner {
     /// Counts the pooled connections that ended, so an advisory lock's holder learns at once
     /// that its session is gone.
     ended: tokio::sync::watch::Sender<u64>,
+    /// Turns for everything but a holder's statements (release, extend, `isHeld`): one
+    /// connection fewer than the pool has (when it has two or more). A statement that waits
+    /// behind another transaction's row lock keeps its connection until its attempt ends, so
+    /// without this, acquisitions of one blocked key could take every connection and make a
+    /// healthy lock's renewal wait past its lease.
+    turns: tokio::sync::Semaphore,
 }
 
 /// Locks in a PostgreSQL table.
@@ -490,6 +520,7 @@ impl PostgresBackend {
         let pool = pool
             .build()
             .map_err(|e| Error::validation("poolSize", e.to_string()))?;
+        let pool_size = pool.status().max_size;
         let sql = Statements::new(&names);
         let pushes = Pushes::new(Connect {
             config,
@@ -509,6 +540,7 @@ impl PostgresBackend {
             lane: io::Lane::default(),
             pushes,
             ended,
+            turns: tokio::sync::Semaphore::new(pool_size.saturating_sub(1).max(1)),
         });
         let advisory = match mode {
             Mode::Table => None,
@@ -536,6 +568,7 @@ impl PostgresBackend {
             return Op::ready(Ok(0));
         }
         self.run(|inner, abandon| async move {
+            let _turn = inner.turn(&abandon).await?;
             let client = inner.client(&abandon).await?;
             let fair = inner.ready(&client).await?;
             let sweep = inner.sql.fair(fair).map_or(&inner.sql.sweep, |f| &f.sweep);
@@ -560,21 +593,23 @@ impl PostgresBackend {
 
     /// One statement on one key. `query` picks it, knowing whether the table has a usable
     /// waiter table, with how many of `params` it takes (`None`: nothing to send); `answer`
-    /// reads its rows, knowing the same.
+    /// reads its rows, knowing the same. `who` says whether it waits for a turn.
     fn key_op<T: Send + 'static>(
         &self,
+        who: Who,
         params: Params,
         query: impl FnOnce(&Statements, bool) -> Option<(&String, usize)> + Send + 'static,
         answer: impl FnOnce(Vec<tokio_postgres::Row>, bool) -> T + Send + 'static,
         fenced: bool,
     ) -> Op<T> {
-        self.statement(Some(&self.inner.lane), params, query, answer, fenced)
+        self.statement(Some(&self.inner.lane), who, params, query, answer, fenced)
     }
 
     /// [`Self::key_op`] in `lane`, or at once without one (a heartbeat).
     fn statement<T: Send + 'static>(
         &self,
         lane: Option<&io::Lane>,
+        who: Who,
         params: Params,
         query: impl FnOnce(&Statements, bool) -> Option<(&String, usize)> + Send + 'static,
         answer: impl FnOnce(Vec<tokio_postgres::Row>, bool) -> T + Send + 'static,
@@ -582,6 +617,10 @@ impl PostgresBackend {
     ) -> Op<T> {
         let inner = self.inner.clone();
         let work = move |abandon: OnAbandon| async move {
+            let _turn = match who {
+                Who::Holder => None,
+                Who::Other => Some(inner.turn(&abandon).await?),
+            };
             let client = inner.client(&abandon).await?;
             let fair = inner.ready(&client).await?;
             if fenced {
@@ -608,6 +647,15 @@ impl PostgresBackend {
             None => io::run("postgres", work),
         }
     }
+}
+
+/// Whose statement it is: a holder's (release, extend, `isHeld`) may use any pooled
+/// connection; any other waits for one of [`Inner::turns`], so one connection stays free for
+/// the holders.
+#[derive(Clone, Copy)]
+enum Who {
+    Holder,
+    Other,
 }
 
 /// A statement's parameters, `$1` first.
@@ -686,6 +734,32 @@ impl Inner {
             )),
         };
         (answer, true)
+    }
+
+    /// A turn for a statement that is not a holder's; given up (unsent) when the engine stops
+    /// waiting first.
+    async fn turn(&self, abandon: &OnAbandon) -> Result<tokio::sync::SemaphorePermit<'_>, Failure> {
+        if let Ok(turn) = self.turns.try_acquire() {
+            return Ok(turn);
+        }
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        abandon.set(move || {
+            let _ = stop.send(());
+        });
+        let closed = || {
+            Failure::new(
+                "postgres",
+                BackendErrorKind::Config,
+                "the Postgres adapter is closed",
+            )
+        };
+        tokio::select! {
+            turn = self.turns.acquire() => {
+                abandon.clear();
+                turn.map_err(|_| closed())
+            }
+            _ = stopped => Err(io::not_sent("postgres")),
+        }
     }
 
     fn failure(&self, e: tokio_postgres::Error) -> Failure {
@@ -935,6 +1009,7 @@ impl Backend for PostgresBackend {
         }
         let p = params(key, token, Some(ttl));
         self.key_op(
+            Who::Other,
             p,
             |s, fair| Some((s.fair(fair).map_or(&s.acquire, |f| &f.acquire), 3)),
             one,
@@ -949,6 +1024,7 @@ impl Backend for PostgresBackend {
         let live = |rows: Rows, _| rows.first().is_some_and(|r| r.get::<_, bool>(0));
         let p = params(key, token, None);
         self.key_op(
+            Who::Holder,
             p,
             |s, fair| Some((s.fair(fair).map_or(&s.release, |f| &f.release), 2)),
             live,
@@ -961,6 +1037,7 @@ impl Backend for PostgresBackend {
             return a.extend(key, token, ttl);
         }
         self.key_op(
+            Who::Holder,
             params(key, token, Some(ttl)),
             |s, _| Some((&s.extend, 3)),
             one,
@@ -996,7 +1073,14 @@ impl Backend for PostgresBackend {
                 .collect::<Vec<bool>>()
         };
         // A heartbeat does not wait for room in the lane.
-        each_ok(self.statement(None, p, |s, _| Some((&s.extend_many, 3)), renewed, false))
+        each_ok(self.statement(
+            None,
+            Who::Holder,
+            p,
+            |s, _| Some((&s.extend_many, 3)),
+            renewed,
+            false,
+        ))
     }
 
     fn is_held(&self, key: &str, token: &str) -> Op<bool> {
@@ -1004,6 +1088,7 @@ impl Backend for PostgresBackend {
             return a.is_held(key, token);
         }
         self.key_op(
+            Who::Holder,
             params(key, token, None),
             |s, _| Some((&s.is_held, 2)),
             one,
@@ -1025,6 +1110,7 @@ impl Backend for PostgresBackend {
         let fence = |rows: Rows, _| rows.first().map(|r| r.get::<_, i64>(0) as u64);
         let p = params(key, token, Some(ttl));
         self.key_op(
+            Who::Other,
             p,
             |s, fair| {
                 Some((
@@ -1065,6 +1151,7 @@ impl Backend for PostgresBackend {
             }
         };
         self.key_op(
+            Who::Other,
             params(key, "", None),
             |s, _| Some((&s.inspect, 1)),
             info,
@@ -1088,7 +1175,7 @@ impl Backend for PostgresBackend {
                 })
                 .collect()
         };
-        self.key_op(p, |s, _| Some((&s.list, 2)), found, false)
+        self.key_op(Who::Other, p, |s, _| Some((&s.list, 2)), found, false)
     }
 
     fn force_release(&self, key: &str) -> Op<bool> {
@@ -1097,6 +1184,7 @@ impl Backend for PostgresBackend {
         }
         let live = |rows: Rows, _| rows.first().is_some_and(|r| r.get::<_, bool>(0));
         self.key_op(
+            Who::Other,
             params(key, "", None),
             |s, fair| {
                 Some((
@@ -1143,6 +1231,7 @@ impl Queue for PostgresBackend {
             Queued::Granted(fence.filter(|_| fenced).map(|f| f as u64))
         };
         self.key_op(
+            Who::Other,
             p,
             move |s, fair| Some(s.queued(fair, fenced)),
             answer,
@@ -1153,6 +1242,7 @@ impl Queue for PostgresBackend {
     fn leave(&self, key: &str, waiter: &str) -> Op<()> {
         let p: Params = vec![Box::new(key.to_owned()), Box::new(waiter.to_owned())];
         self.key_op(
+            Who::Other,
             p,
             |s, fair| s.fair(fair).map(|f| (&f.leave, 2)),
             |_, _| (),
@@ -1234,6 +1324,18 @@ mod tests {
         );
         let long = Statements::new(&names(&"x".repeat(56)).unwrap());
         assert!(long.fair(true).is_none());
+    }
+
+    #[test]
+    fn the_operator_verbs_share_one_test_of_a_live_lock() {
+        let s = Statements::new(&names("locks").unwrap());
+        let lock = live_lock("");
+        let fair = s.fair(true).expect("a waiter table");
+        for sql in [&s.inspect, &s.list, &s.force_release, &fair.force_release] {
+            assert!(sql.contains(&lock), "{sql}");
+        }
+        assert!(lock.contains("token <> ''"));
+        assert!(lock.contains("interval '2147483647 milliseconds'"));
     }
 
     #[test]

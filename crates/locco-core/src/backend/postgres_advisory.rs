@@ -5,7 +5,8 @@
 //! table is written. Each held lock has a small task on the I/O thread that owns its
 //! connection and answers release, extend and `is_held` on it, in order. The task ends the
 //! lock when
-//! - the holder releases it (`pg_advisory_unlock`, and the connection goes back to the pool);
+//! - the holder releases it (`pg_advisory_unlock`, and the connection goes back to the pool;
+//!   an unlock that fails closes the connection instead, so the lock is lost, not released);
 //! - the lease runs out without an extension (the same unlock: the next holder can take the
 //!   key once the TTL is over, as with every other backend);
 //! - the connection ends (terminated, the server restarted, the network broke): the server has
@@ -204,6 +205,9 @@ pub(super) struct Advisory {
     base: Arc<Inner>,
     sql: Sql,
     held: Mutex<HashMap<i64, Holder>>,
+    /// How many locks `held` has, for an acquire that waits for a pooled connection: once
+    /// every connection holds a lock, none will come free for it.
+    holding: watch::Sender<usize>,
     next_id: AtomicU64,
     sequence_made: tokio::sync::OnceCell<()>,
     /// A spare connection is being opened (see [`Advisory::keep_a_spare`]).
@@ -228,6 +232,7 @@ impl Advisory {
             },
             base,
             held: Mutex::default(),
+            holding: watch::channel(0).0,
             next_id: AtomicU64::new(1),
             sequence_made: tokio::sync::OnceCell::new(),
             warming: Default::default(),
@@ -281,18 +286,27 @@ impl Advisory {
         io::run("postgres", move |abandon| async move {
             let base = &this.base;
             let max = base.pool.status().max_size;
-            let holding = this.held().len();
-            if holding >= max {
-                return Err(Failure::new(
+            let full = || {
+                Failure::new(
                     "postgres",
                     BackendErrorKind::Other,
                     format!(
                         "every connection of the pool (poolSize {max}) holds an advisory lock; \
                          a held advisory lock keeps its connection, so raise poolSize"
                     ),
-                ));
+                )
+            };
+            let mut holding = this.holding.subscribe();
+            if *holding.borrow_and_update() >= max {
+                return Err(full());
             }
-            let client = base.client(&abandon).await?;
+            // Waiting for a connection while the others' grants land: once they all hold
+            // locks, none comes back until a lock ends, so fail now, as when they already did.
+            let client = tokio::select! {
+                biased;
+                client = base.client(&abandon) => client?,
+                Ok(_) = holding.wait_for(|n| *n >= max) => return Err(full()),
+            };
             if fenced {
                 this.sequence(&client).await?;
             }
@@ -380,16 +394,20 @@ impl Advisory {
         let (end, ended) = watch::channel(None);
         let end = Arc::new(end);
         let ended_tx = end.clone();
-        self.held().insert(
-            n,
-            Holder {
-                token,
-                id,
-                commands,
-                ended,
-                end,
-            },
-        );
+        {
+            let mut held = self.held();
+            held.insert(
+                n,
+                Holder {
+                    token,
+                    id,
+                    commands,
+                    ended,
+                    end,
+                },
+            );
+            self.holding.send_replace(held.len());
+        }
         self.keep_a_spare();
         let this = self.clone();
         tokio::spawn(async move {
@@ -401,9 +419,15 @@ impl Advisory {
                 unlocked: false,
                 named,
             };
-            let (lost, released) = session.run(&this, id, inbox).await;
-            if !released {
+            let (lost, released, reply) = session.run(&this, id, inbox).await;
+            // Told before the reply: a release that ended the session (its unlock failed) has
+            // lost the lock, and the engine's watch learns that no later than the release's
+            // caller. A release that worked is told by the caller's side (see `command`).
+            if lost || !released {
                 ended_tx.send_replace(Some(lost));
+            }
+            if let Some((reply, answer)) = reply {
+                let _ = reply.send(answer);
             }
         });
     }
@@ -513,14 +537,19 @@ impl Advisory {
     }
 
     /// Settles `Ok` when the session holding `key` for `token` ends; `Err` when the lock ends
-    /// otherwise (released, expired), or is not held.
+    /// otherwise (released, expired). The engine asks once, right after the grant: a lock that
+    /// is no longer here by then ended with its session in between (terminated, or its
+    /// socket broke while the engine's thread was busy), so it is lost at once.
     pub(super) fn watch_lost(&self, key: &str, token: &str) -> Option<Op<()>> {
         let n = self.number(key).ok()?;
-        let mut ended = self
+        let watched = self
             .held()
             .get(&n)
             .filter(|h| h.token == token)
-            .map(|h| h.ended.clone())?;
+            .map(|h| h.ended.clone());
+        let Some(mut ended) = watched else {
+            return Some(Op::ready(Ok(())));
+        };
         Some(Op::pending(async move {
             let lost = match ended.wait_for(Option::is_some).await {
                 Ok(v) => *v == Some(true),
@@ -538,7 +567,12 @@ impl Advisory {
 
     /// Ends every session that holds a lock: the server drops their locks, and each is lost.
     pub(super) fn close(&self) {
-        let holders: Vec<Holder> = self.held().drain().map(|(_, h)| h).collect();
+        let holders: Vec<Holder> = {
+            let mut held = self.held();
+            let all = held.drain().map(|(_, h)| h).collect();
+            self.holding.send_replace(0);
+            all
+        };
         drop(holders);
     }
 
@@ -547,6 +581,7 @@ impl Advisory {
         let mut held = self.held();
         if held.get(&n).is_some_and(|h| h.id == id) {
             held.remove(&n);
+            self.holding.send_replace(held.len());
         }
     }
 }
@@ -618,14 +653,14 @@ impl Session {
         self.client.get()
     }
 
-    /// Serves commands until the lock ends; answers whether it ended with its session, and
-    /// whether a release command ended it.
+    /// Serves commands until the lock ends; answers whether it ended with its session,
+    /// whether a release command ended it, and the last command's answer, still to send.
     async fn run(
         mut self,
         owner: &Advisory,
         id: u64,
         mut inbox: mpsc::UnboundedReceiver<Command>,
-    ) -> (bool, bool) {
+    ) -> (bool, bool, Option<(Reply, Result<bool, Failure>)>) {
         let mut ends = owner.base.ended.subscribe();
         let mut watching = true;
         let mut released = false;
@@ -646,9 +681,11 @@ impl Session {
                         let live = Instant::now() < self.deadline;
                         match self.unlock(owner).await {
                             Outcome::Answer(unlocked) => break (false, Some(reply), Ok(unlocked && live)),
+                            // The session is closed, so the server drops the lock: lost, not
+                            // released, and the release answers the failure.
                             Outcome::Failed(f) => {
                                 self.discard();
-                                break (false, Some(reply), Err(f));
+                                break (true, Some(reply), Err(f));
                             }
                             Outcome::Gone(f) => break (true, Some(reply), f.map_or(Ok(false), Err)),
                         }
@@ -709,10 +746,7 @@ impl Session {
         } else {
             drop(client);
         }
-        if let Some(reply) = reply {
-            let _ = reply.send(answer);
-        }
-        (lost, released)
+        (lost, released, reply.map(|r| (r, answer)))
     }
 
     /// Drops the connection for good (never back to the pool), which ends its session.

@@ -77,8 +77,8 @@ pub(super) struct FairStatements {
     pub queued_fenced: String,
     /// Deletes our key and notifies the head; one row `live` when it was ours.
     pub release: String,
-    /// Deletes the key whatever its token and notifies the head; one row `live` when a
-    /// row was there.
+    /// Deletes the key whatever its token, when it is a live lock, and notifies the head; one
+    /// row when it was.
     pub force_release: String,
     /// `$1 key, $2 waiter`.
     pub leave: String,
@@ -86,8 +86,9 @@ pub(super) struct FairStatements {
 }
 
 impl FairStatements {
-    /// `t`, `w`: the quoted lock and waiter tables; `fence`: `nextval` of the fence sequence.
-    pub fn new(t: &str, w: &str, fence: &str) -> Self {
+    /// `t`, `w`: the quoted lock and waiter tables; `fence`: `nextval` of the fence sequence;
+    /// `lock`: the test that a row of `t` is a live lock, the one `inspect` uses.
+    pub fn new(t: &str, w: &str, fence: &str, lock: &str) -> Self {
         let nobody_waits = format!(
             "SELECT $1, $2, clock_timestamp() + {} WHERE NOT EXISTS \
              (SELECT FROM {w} q WHERE q.key = $1 AND q.expires_at > clock_timestamp())",
@@ -135,8 +136,7 @@ impl FairStatements {
                 notify = notify_head(&format!("{w} n"), "")
             ),
             force_release: format!(
-                "WITH gone AS (DELETE FROM {t} WHERE key = $1 \
-                 RETURNING expires_at > clock_timestamp() AS live) \
+                "WITH gone AS (DELETE FROM {t} WHERE key = $1 AND {lock} RETURNING true AS live) \
                  SELECT live, ({notify}) FROM gone",
                 notify = notify_head(&format!("{w} n"), "")
             ),
@@ -331,6 +331,7 @@ mod tests {
             "\"s\".\"t\"",
             "\"s\".\"t_waiters\"",
             "nextval('\"s\".\"t_fence\"')",
+            "(live)",
         )
     }
 
