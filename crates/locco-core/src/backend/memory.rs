@@ -695,6 +695,31 @@ mod tests {
     }
 
     #[test]
+    fn operator_verbs_see_and_remove_only_a_live_lease() {
+        // A key a release left for its waiter is no lease: not shown, and a forced release
+        // leaves the entry that the waiter's grant refills.
+        let b = released_while_w1_waits();
+        assert!(!ready(b.inspect("k")).held);
+        assert!(ready(b.list("", 10)).is_empty());
+        assert!(!ready(b.force_release("k")));
+        assert!(
+            b.keys.borrow().get("k").is_some_and(|s| s.entry.is_some()),
+            "the forced release took the reserved entry"
+        );
+        assert_eq!(join(&b, "w1"), Queued::Granted(None));
+        // A coordination record is no lock either.
+        ready(b.put("rec", "v", 1_000));
+        assert!(!ready(b.inspect("rec")).held);
+        assert!(ready(b.list("rec", 10)).is_empty());
+        assert!(!ready(b.force_release("rec")));
+        assert_eq!(ready(b.get("rec")).as_deref(), Some("v"));
+        // A live lease is shown and removed.
+        assert!(ready(b.inspect("k")).held);
+        assert!(ready(b.force_release("k")));
+        assert!(!ready(b.is_held("k", "w1")));
+    }
+
+    #[test]
     fn slots_nobody_listens_on_are_forgotten() {
         let (b, _) = backend();
         for i in 0..100 {
