@@ -370,8 +370,10 @@ describe('run against Redis', () => {
     await waitForFile(ready);
     const pid = Number(readFileSync(ready, 'utf8'));
     try {
+      // Its exit, not its close: the command shares its output pipes and would hold those open.
+      const exited = new Promise((resolve) => r.child.once('exit', resolve));
       r.child.kill('SIGKILL');
-      await r.done;
+      await exited;
       const end = Date.now() + 3000;
       while (alive(pid) && Date.now() < end) await sleep(50);
       assert.equal(alive(pid), false, 'the command outlived locco-rs');
