@@ -265,38 +265,26 @@ function setpriv() {
 }
 
 /**
- * Why exec would not run `file` with `env`'s PATH ('ENOENT' or 'EACCES'), or undefined when it
- * would. Needed before starting it through setpriv, whose own failure would only be an exit code.
+ * Whether exec would refuse `file` with `env`'s PATH (not found, or not an executable file).
+ * Such a command is started directly, so that spawn reports why: through setpriv its failure
+ * would only be an exit code.
  */
 function cannotExec(file, env) {
-  const dirs = file.includes('/') ? [''] : (env.PATH ?? '').split(path.delimiter);
-  let denied = false;
-  for (const dir of dirs) {
-    const candidate = dir === '' && file.includes('/') ? file : path.join(dir || '.', file);
+  const candidates = file.includes('/') ? [file] : (env.PATH ?? '').split(path.delimiter).map((dir) => path.join(dir || '.', file));
+  return !candidates.some((candidate) => {
     try {
       fs.accessSync(candidate, fs.constants.X_OK);
-      if (fs.statSync(candidate).isFile()) return undefined;
-      denied = true;
-    } catch (error) {
-      if (error.code === 'EACCES') denied = true;
+      return fs.statSync(candidate).isFile();
+    } catch {
+      return false;
     }
-  }
-  return denied ? 'EACCES' : 'ENOENT';
+  });
 }
 
 /** Starts the command, tied to locco-rs's life where the system allows it (see setpriv). */
 function spawnCommand(file, args, options) {
   const tie = setpriv();
-  if (tie === undefined) return spawn(file, args, options);
-  const why = cannotExec(file, options.env);
-  if (why !== undefined) {
-    // The 'error' event that spawn gives for such a command, so both paths report alike.
-    const failed = new (require('node:events').EventEmitter)();
-    failed.kill = () => false;
-    const error = Object.assign(new Error(`spawn ${file} ${why}`), { code: why });
-    process.nextTick(() => failed.emit('error', error));
-    return failed;
-  }
+  if (tie === undefined || cannotExec(file, options.env)) return spawn(file, args, options);
   // setpriv execs the command: same pid, so signals sent to the child reach the command.
   return spawn(tie, ['--pdeathsig', 'KILL', '--', file, ...args], options);
 }
@@ -355,7 +343,7 @@ function signalHandler(session, stop) {
   return (signal) => {
     const { child } = session;
     if (child === undefined) {
-      if (!session.started) stop.abort(signal);
+      if (session.waiting) stop.abort(signal);
       return;
     }
     if (signal === 'SIGINT' && ++session.interrupts >= 2) {
@@ -378,7 +366,7 @@ async function run(args) {
   const locker = new Locker({ adapter, fencing: settings.fencing });
   // A signal while waiting for the key ends the wait, as it would have ended the command.
   const stop = new AbortController();
-  const session = { started: false, child: undefined, interrupts: 0 };
+  const session = { waiting: true, child: undefined, interrupts: 0 };
   const onSignal = signalHandler(session, stop);
   for (const s of FORWARDED_SIGNALS) process.on(s, onSignal);
   try {
@@ -391,11 +379,11 @@ async function run(args) {
     }
     if (stop.signal.aborted) {
       // A signal came during a single attempt that then succeeded: do not start the command.
-      session.started = true;
+      session.waiting = false;
       await lock.release().catch(() => {});
       return signalExitCode(stop.signal.reason);
     }
-    session.started = true;
+    session.waiting = false;
     const { code, lost, started } = await runChild(settings, lock, session);
     let released;
     try {
