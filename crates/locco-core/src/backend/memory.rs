@@ -143,6 +143,9 @@ struct KeyState {
 }
 
 impl KeyState {
+    /// The live lease, if any. The one test of the operator verbs (`inspect`, `list`,
+    /// `force_release`): an entry a release left for the next waiter's grant, a lease that ran
+    /// out and a queue without a lease are none (nor are coordination records, kept apart).
     fn live_entry(&self, now: f64) -> Option<&Entry> {
         self.entry.as_ref().filter(|e| e.live(now))
     }
@@ -452,21 +455,19 @@ impl Backend for MemoryBackend {
 
     fn force_release(&self, key: &str) -> Op<bool> {
         let now = self.clock.now();
-        let live = {
+        {
             let mut keys = self.keys.borrow_mut();
-            let Some(state) = keys.get_mut(key) else {
+            let held = |s: &&mut KeyState| s.live_entry(now).is_some();
+            let Some(state) = keys.get_mut(key).filter(held) else {
                 return Op::ready(Ok(false));
             };
-            let live = state.entry.take().is_some_and(|e| e.live(now));
+            state.entry = None;
             if state.unused() {
                 keys.remove(key);
             }
-            live
-        };
-        if live {
-            self.wake_head(key);
         }
-        Op::ready(Ok(live))
+        self.wake_head(key);
+        Op::ready(Ok(true))
     }
 }
 
