@@ -7,7 +7,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { freePort, startEtcd, startMongo, startPostgres, startRedis } from './support/servers.mjs';
+import { freePort, startEtcd, startMongo, startPostgres, startRedis, testProxy } from './support/servers.mjs';
 
 const root = new URL('..', import.meta.url).pathname;
 const bin = join(root, 'bin', 'locco-rs.js');
@@ -314,6 +314,103 @@ describe('run against Redis', () => {
     assert.equal(out.code, 4, shown(out));
     assert.ok(existsSync(`${ready}.term`), 'the command got no SIGTERM');
     assert.ok(out.ms < 30_000, `SIGTERM should have been enough\n${shown(out)}`);
+  });
+
+  it('a lock taken away while the command runs, which then ends before the next extension: exit 4, the loss said', async () => {
+    const key = newKey('gone-quietly');
+    const ready = join(dir, `${key}.ready`);
+    const stop = join(dir, `${key}.stop`);
+    // A 30 s lease: its first extension is 10 s away, long after the command ended.
+    const r = run(key, ['--ttl', '30s'], [node, holder, ready, stop, '30000', '0']);
+    try {
+      await waitForFile(ready);
+      const forced = await cli(['release', '--url', redis.url, '--key', key, '--force']);
+      assert.equal(forced.code, 0, shown(forced));
+    } finally {
+      writeFileSync(stop, '');
+    }
+    const out = await r.done;
+    assert.equal(out.code, 4, shown(out));
+    assert.match(out.stderr, /was lost/, shown(out));
+    assert.ok(out.ms < 10_000, `ended by the extension, not the release\n${shown(out)}`);
+  });
+
+  it('a signal that arrives during the final release does not stop it: the key is released, the code kept', async () => {
+    const key = newKey('signal-in-release');
+    const ready = join(dir, `${key}.ready`);
+    const stop = join(dir, `${key}.stop`);
+    const proxy = await testProxy(Number(new URL(redis.url).port));
+    try {
+      const r = start(['run', '--url', proxy.urlFor(redis.url), '--key', key, '--', node, holder, ready, stop, '30000', '9']);
+      await waitForFile(ready);
+      assert.equal(redis.cli('EXISTS', key), '1');
+      // The release's request is held on its way for 3 s; both signals land while it is.
+      const stalled = proxy.stall(3000);
+      writeFileSync(stop, '');
+      await waitForFile(`${ready}.end`);
+      await sleep(700);
+      r.child.kill('SIGTERM');
+      await sleep(300);
+      r.child.kill('SIGINT');
+      await stalled;
+      const out = await r.done;
+      assert.equal(out.signal, null, shown(out));
+      assert.equal(out.code, 0, shown(out));
+      assert.equal(redis.cli('EXISTS', key), '0', 'the lock was not released');
+    } finally {
+      writeFileSync(stop, '');
+      await proxy.close();
+    }
+  });
+
+  it('on Linux the command dies with locco-rs: SIGKILL to locco-rs leaves no command running without the lock', { skip: process.platform !== 'linux' }, async () => {
+    const key = newKey('orphan');
+    const ready = join(dir, `${key}.ready`);
+    const r = run(key, [], [node, holder, ready, join(dir, `${key}.never`), '60000', '0']);
+    await waitForFile(ready);
+    const pid = Number(readFileSync(ready, 'utf8'));
+    try {
+      // Its exit, not its close: the command shares its output pipes and would hold those open.
+      const exited = new Promise((resolve) => r.child.once('exit', resolve));
+      r.child.kill('SIGKILL');
+      await exited;
+      const end = Date.now() + 3000;
+      while (alive(pid) && Date.now() < end) await sleep(50);
+      assert.equal(alive(pid), false, 'the command outlived locco-rs');
+    } finally {
+      if (alive(pid)) process.kill(pid, 'SIGKILL');
+    }
+  });
+
+  it('a second SIGINT kills a command that ignores the first: exit 137, the lock released', async () => {
+    const key = newKey('second-interrupt');
+    const ready = join(dir, `${key}.ready`);
+    const stubborn = script(
+      'stubborn.mjs',
+      `import { appendFileSync, writeFileSync } from 'node:fs';
+const ready = process.argv[2];
+process.on('SIGINT', () => appendFileSync(ready + '.int', 'x'));
+writeFileSync(ready, String(process.pid));
+setTimeout(() => {}, 60_000);
+`,
+    );
+    const r = run(key, [], [node, stubborn, ready], { timeout: 20_000 });
+    await waitForFile(ready);
+    const pid = Number(readFileSync(ready, 'utf8'));
+    try {
+      r.child.kill('SIGINT');
+      await waitForFile(`${ready}.int`);
+      await sleep(300);
+      assert.equal(alive(pid), true, 'the first SIGINT is passed on, not escalated');
+      r.child.kill('SIGINT');
+      const out = await r.done;
+      assert.equal(out.code, 128 + 9, shown(out));
+      assert.ok(out.ms < 15_000, shown(out));
+      assert.equal(alive(pid), false, 'the command still runs');
+      assert.equal(redis.cli('EXISTS', key), '0', 'the lock was not released');
+    } finally {
+      if (alive(pid)) process.kill(pid, 'SIGKILL');
+    }
   });
 
   for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP']) {

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { MongoClient } from 'mongodb';
+import { MongoClient, Timestamp } from 'mongodb';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { BackendError, Locker, ValidationError } from 'locco-rs';
 import { MongoAdapter, mongoLocksIndexes } from 'locco-rs/mongo';
@@ -112,6 +112,54 @@ describe('MongoAdapter', () => {
     assert.ok(doc.expireAt instanceof Date);
     const names = (await client.db('shape').collection('locco-locks').indexes()).map((i) => i.name);
     assert.ok(names.includes('locco_key_unique') && names.includes('locco_expireAt_ttl'), String(names));
+  });
+
+  it('inspect, list and forceRelease count and delete only the lock documents the library wrote', async () => {
+    const adapter = new MongoAdapter({ url: mongo.url, dbName: 'not_locks' });
+    const locker = new Locker({ adapter });
+    try {
+      const lock = await locker.acquire('nl:lock', { ttl: 60_000 });
+      const coll = client.db('not_locks').collection('locco-locks');
+      const later = new Date(Date.now() + 3_600_000);
+      // Documents an application (or a mistake) put in the lock collection, and a key only
+      // reserved for a waiter: none is a lease this library holds.
+      const others = [
+        { key: 'nl:number-token', uniqueValue: 42, expireAt: later },
+        { key: 'nl:null-token', uniqueValue: null, expireAt: later },
+        { key: 'nl:array-token', uniqueValue: ['t'], expireAt: later },
+        { key: ['nl:array-key'], uniqueValue: 't', expireAt: later },
+        { key: 'nl:no-expiry', uniqueValue: 't' },
+        { key: 'nl:string-expiry', uniqueValue: 't', expireAt: '2999-01-01' },
+        { key: 'nl:timestamp-expiry', uniqueValue: 't', expireAt: new Timestamp({ t: 4_000_000_000, i: 1 }) },
+        { key: 'nl:bad-queue', uniqueValue: 't', expireAt: later, queue: 'not places' },
+        { key: 'nl:reserved', expireAt: later, queue: [{ w: 'w1', a: 'a1', exp: later }] },
+        { key: 'nl:profile', name: 'precious' },
+      ];
+      await coll.insertMany(others.map((d) => ({ ...d })));
+      const names = others.map((d) => (Array.isArray(d.key) ? d.key[0] : d.key));
+      for (const key of names) {
+        const info = await locker.inspect(key);
+        assert.equal(info.held, false, `inspect ${key}: ${JSON.stringify(info)}`);
+        assert.equal(info.ttlLeft, undefined, key);
+      }
+      const listed = await locker.list({ prefix: 'nl:' });
+      assert.deepEqual(listed.map((k) => k.key), ['nl:lock']);
+      for (const key of names) {
+        assert.equal(await locker.forceRelease(key), false, `forceRelease ${key}`);
+      }
+      for (const d of others) {
+        const { _id, ...kept } = await coll.findOne({ key: d.key });
+        assert.deepEqual(kept, d, `${JSON.stringify(d.key)} was changed`);
+      }
+      // The lock itself is seen and released as before.
+      assert.equal((await locker.inspect('nl:lock')).held, true);
+      assert.equal(await locker.forceRelease('nl:lock'), true);
+      assert.equal(await coll.findOne({ key: 'nl:lock' }), null);
+      assert.equal(await lock.isHeld(), false);
+    } finally {
+      await locker.close();
+      await adapter.close();
+    }
   });
 
   it('reads from the primary whatever the URL says, and writes with the configured concern', async () => {

@@ -3,8 +3,10 @@
 // The locco-rs command. Each subcommand is one entry of COMMANDS below (its usage text and the
 // function that runs it), so a new one is a new entry. The exit codes are shared by all of them.
 
-const { spawn } = require('node:child_process');
+const { spawn, spawnSync } = require('node:child_process');
+const fs = require('node:fs');
 const { constants } = require('node:os');
+const path = require('node:path');
 const { parseArgs } = require('node:util');
 
 const { version } = require('../package.json');
@@ -25,7 +27,8 @@ const EXIT_CODES_HELP = `Exit codes:
   128+n the command was killed by signal n (130 for SIGINT, 143 for SIGTERM)
   2     usage error: a wrong option, duration or URL
   3     the key is held: taken by another holder (--wait 0), or not free within --wait
-  4     the lock was lost while the command ran; the command was stopped
+  4     the lock was lost while the command ran: the command was stopped, or it had
+        already ended when the final release found the lock gone
   5     the backend failed or could not be reached
   6     doctor: the deployment has an unsafe finding
   126   the command could not be started
@@ -138,9 +141,20 @@ Options:
 
 Durations: 500ms, 30s, 1.5m, 1h, or a plain number of milliseconds.
 
-SIGINT, SIGTERM and SIGHUP are passed on to the command, which decides when to exit.
+SIGINT, SIGTERM and SIGHUP are passed on to the command, which decides when to exit; a
+second SIGINT (Ctrl-C twice) kills it with SIGKILL. A signal that arrives once the command
+has ended does not cut the release of the lock short.
+
 If the lock is lost while the command runs, the command gets SIGTERM, then SIGKILL after
---grace, and locco-rs exits with 4 whatever the command's own exit code.
+--grace, and locco-rs exits with 4 whatever the command's own exit code. A loss that only
+the final release finds (the lock was released by force, expired or evicted, and the
+command ended before the next extension noticed) also exits 4.
+
+If locco-rs itself is killed (SIGKILL, the OOM killer, a container stop): on Linux, where
+setpriv (util-linux) is installed, the command is started with a parent-death signal and is
+killed with it; processes the command started itself are not, unless it stops them. On other
+systems, or without setpriv, the command keeps running without the lock until it ends: stop
+the whole process group (kill -- -<pgid>) or the container, not locco-rs alone.
 
 ${EXIT_CODES_HELP}
 
@@ -233,21 +247,63 @@ function asExit(error, key) {
 }
 
 /**
- * Runs the command as a child with inherited stdio; settles with the exit code locco-rs should
- * end with. While it runs: signals are passed on, and a lost lock stops it.
+ * setpriv from util-linux when it can give the command a parent-death signal (Linux only), so
+ * that the command dies with locco-rs even when locco-rs is killed with SIGKILL.
+ *
+ * PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the process; Node
+ * forks in uv_spawn on the main JavaScript thread, which ends only with the process.
  */
-function runChild(settings, lock) {
+function setpriv() {
+  if (process.platform !== 'linux') return undefined;
+  for (const file of ['/usr/bin/setpriv', '/bin/setpriv', '/usr/sbin/setpriv', '/sbin/setpriv']) {
+    if (!fs.existsSync(file)) continue;
+    // --pdeathsig is in setpriv since util-linux 2.33.
+    const help = spawnSync(file, ['--help'], { encoding: 'utf8', timeout: 5000 });
+    if (typeof help.stdout === 'string' && help.stdout.includes('--pdeathsig')) return file;
+  }
+  return undefined;
+}
+
+/**
+ * Whether exec would refuse `file` with `env`'s PATH (not found, or not an executable file).
+ * Such a command is started directly, so that spawn reports why: through setpriv its failure
+ * would only be an exit code.
+ */
+function cannotExec(file, env) {
+  const candidates = file.includes('/') ? [file] : (env.PATH ?? '').split(path.delimiter).map((dir) => path.join(dir || '.', file));
+  return !candidates.some((candidate) => {
+    try {
+      fs.accessSync(candidate, fs.constants.X_OK);
+      return fs.statSync(candidate).isFile();
+    } catch {
+      return false;
+    }
+  });
+}
+
+/** Starts the command, tied to locco-rs's life where the system allows it (see setpriv). */
+function spawnCommand(file, args, options) {
+  const tie = setpriv();
+  if (tie === undefined || cannotExec(file, options.env)) return spawn(file, args, options);
+  // setpriv execs the command: same pid, so signals sent to the child reach the command.
+  return spawn(tie, ['--pdeathsig', 'KILL', '--', file, ...args], options);
+}
+
+/**
+ * Runs the command as a child with inherited stdio; settles with { code, lost, started }: the
+ * command's exit code (or EXIT.lost when a loss stopped it), whether a loss was seen while it
+ * ran, and whether it ran at all. A lost lock stops it. `session.child` is set while it runs,
+ * for the signal handler of `run`.
+ */
+function runChild(settings, lock, session) {
   const [file, ...args] = settings.command;
   const env = { ...process.env };
   if (settings.fencing) env.LOCCO_FENCE = String(lock.fence);
   return new Promise((resolve) => {
     let lostReason;
     let killTimer;
-    // In a terminal, Ctrl-C reaches the child directly too (one process group); passing it on
-    // as well is what a signal sent to locco-rs alone (kill, a supervisor) needs.
-    const forward = (signal) => child.kill(signal);
-    const child = spawn(file, args, { stdio: 'inherit', env });
-    for (const s of FORWARDED_SIGNALS) process.on(s, forward);
+    const child = spawnCommand(file, args, { stdio: 'inherit', env });
+    session.child = child;
     const onLost = () => {
       lostReason = lock.lostReason ?? 'lost';
       say(`the lock ${JSON.stringify(lock.key)} was lost (${lostReason}); stopping the command (SIGTERM, SIGKILL after ${settings.grace} ms)`);
@@ -257,22 +313,46 @@ function runChild(settings, lock) {
     const { signal } = lock;
     if (signal.aborted) queueMicrotask(onLost);
     else signal.addEventListener('abort', onLost, { once: true });
-    const done = (code) => {
-      for (const s of FORWARDED_SIGNALS) process.off(s, forward);
+    const done = (code, started) => {
+      session.child = undefined;
       signal.removeEventListener('abort', onLost);
       clearTimeout(killTimer);
-      resolve(code);
+      resolve({ code, lost: lostReason !== undefined, started });
     };
     child.once('error', (error) => {
       // The command could not be started ('exit' does not follow).
       say(`cannot run ${JSON.stringify(file)}: ${error.message}`);
-      done(error.code === 'ENOENT' ? EXIT.notFound : EXIT.cannotRun);
+      done(error.code === 'ENOENT' ? EXIT.notFound : EXIT.cannotRun, false);
     });
     child.once('exit', (code, sig) => {
-      if (lostReason !== undefined) done(EXIT.lost);
-      else done(code ?? signalExitCode(sig));
+      if (lostReason !== undefined) done(EXIT.lost, true);
+      else done(code ?? signalExitCode(sig), true);
     });
   });
+}
+
+/**
+ * The one handler of SIGINT, SIGTERM and SIGHUP for a whole run. Waiting for the key, a signal
+ * ends the wait (`stop`). While the command runs it is passed on: in a terminal Ctrl-C reaches
+ * the command directly too (one process group), but a signal sent to locco-rs alone (kill, a
+ * supervisor) needs it; a second SIGINT kills the command, as most runners do. Once the
+ * command has ended a signal changes nothing: the lock's release runs to its end (Node's
+ * default, dying at once, would leave the lock held until its lease runs out).
+ */
+function signalHandler(session, stop) {
+  return (signal) => {
+    const { child } = session;
+    if (child === undefined) {
+      if (session.waiting) stop.abort(signal);
+      return;
+    }
+    if (signal === 'SIGINT' && ++session.interrupts >= 2) {
+      say('interrupted twice: killing the command (SIGKILL)');
+      child.kill('SIGKILL');
+      return;
+    }
+    child.kill(signal);
+  };
 }
 
 async function run(args) {
@@ -286,7 +366,8 @@ async function run(args) {
   const locker = new Locker({ adapter, fencing: settings.fencing });
   // A signal while waiting for the key ends the wait, as it would have ended the command.
   const stop = new AbortController();
-  const onSignal = (s) => stop.abort(s);
+  const session = { waiting: true, child: undefined, interrupts: 0 };
+  const onSignal = signalHandler(session, stop);
   for (const s of FORWARDED_SIGNALS) process.on(s, onSignal);
   try {
     let lock;
@@ -295,26 +376,35 @@ async function run(args) {
     } catch (error) {
       if (stop.signal.aborted && error === stop.signal.reason) return signalExitCode(stop.signal.reason);
       throw error;
-    } finally {
-      for (const s of FORWARDED_SIGNALS) process.off(s, onSignal);
     }
     if (stop.signal.aborted) {
       // A signal came during a single attempt that then succeeded: do not start the command.
+      session.waiting = false;
       await lock.release().catch(() => {});
       return signalExitCode(stop.signal.reason);
     }
-    const code = await runChild(settings, lock);
+    session.waiting = false;
+    const { code, lost, started } = await runChild(settings, lock, session);
+    let released;
     try {
       // After a loss this deletes nothing (the key is gone or another holder's) and answers false.
-      await lock.release();
+      released = await lock.release();
     } catch (error) {
       // The command's outcome stands; the lease ends on its own at its ttl.
       say(`the lock ${JSON.stringify(settings.key)} could not be released (${error.message}); it expires by itself`);
+      return code;
+    }
+    if (!released && started && !lost) {
+      // Taken away while the command ran (a forced release, an eviction, a server restart
+      // without persistence), and the command ended before an extension could notice.
+      say(`the lock ${JSON.stringify(settings.key)} was lost while the command ran: at the release it was no longer held (released by force, expired or evicted)`);
+      return EXIT.lost;
     }
     return code;
   } finally {
     await locker.close().catch(() => {});
     await adapter.close().catch(() => {});
+    for (const s of FORWARDED_SIGNALS) process.off(s, onSignal);
   }
 }
 

@@ -143,6 +143,9 @@ struct KeyState {
 }
 
 impl KeyState {
+    /// The live lease, if any. The one test of the operator verbs (`inspect`, `list`,
+    /// `force_release`): an entry a release left for the next waiter's grant, a lease that ran
+    /// out and a queue without a lease are none (nor are coordination records, kept apart).
     fn live_entry(&self, now: f64) -> Option<&Entry> {
         self.entry.as_ref().filter(|e| e.live(now))
     }
@@ -452,21 +455,19 @@ impl Backend for MemoryBackend {
 
     fn force_release(&self, key: &str) -> Op<bool> {
         let now = self.clock.now();
-        let live = {
+        {
             let mut keys = self.keys.borrow_mut();
-            let Some(state) = keys.get_mut(key) else {
+            let held = |s: &&mut KeyState| s.live_entry(now).is_some();
+            let Some(state) = keys.get_mut(key).filter(held) else {
                 return Op::ready(Ok(false));
             };
-            let live = state.entry.take().is_some_and(|e| e.live(now));
+            state.entry = None;
             if state.unused() {
                 keys.remove(key);
             }
-            live
-        };
-        if live {
-            self.wake_head(key);
         }
-        Op::ready(Ok(live))
+        self.wake_head(key);
+        Op::ready(Ok(true))
     }
 }
 
@@ -692,6 +693,31 @@ mod tests {
         assert!(!woken(&mut w1));
         assert!(ready(b.release("k", "holder")));
         assert!(woken(&mut w1));
+    }
+
+    #[test]
+    fn operator_verbs_see_and_remove_only_a_live_lease() {
+        // A key a release left for its waiter is no lease: not shown, and a forced release
+        // leaves the entry that the waiter's grant refills.
+        let b = released_while_w1_waits();
+        assert!(!ready(b.inspect("k")).held);
+        assert!(ready(b.list("", 10)).is_empty());
+        assert!(!ready(b.force_release("k")));
+        assert!(
+            b.keys.borrow().get("k").is_some_and(|s| s.entry.is_some()),
+            "the forced release took the reserved entry"
+        );
+        assert_eq!(join(&b, "w1"), Queued::Granted(None));
+        // A coordination record is no lock either.
+        ready(b.put("rec", "v", 1_000));
+        assert!(!ready(b.inspect("rec")).held);
+        assert!(ready(b.list("rec", 10)).is_empty());
+        assert!(!ready(b.force_release("rec")));
+        assert_eq!(ready(b.get("rec")).as_deref(), Some("v"));
+        // A live lease is shown and removed.
+        assert!(ready(b.inspect("k")).held);
+        assert!(ready(b.force_release("k")));
+        assert!(!ready(b.is_held("k", "w1")));
     }
 
     #[test]

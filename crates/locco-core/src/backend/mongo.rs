@@ -255,6 +255,28 @@ fn live(filter: Document) -> Document {
     doc! { "$and": [ filter, { "$expr": { "$gt": [ "$expireAt", "$$NOW" ] } } ] }
 }
 
+/// The documents `filter` matches that are live leases this library wrote: a string `key`, a
+/// string token in `uniqueValue`, a date in `expireAt` that the server's clock has not passed,
+/// and no `queue` or an array of places. The one test of the operator verbs (`inspect`, `list`,
+/// `forceRelease`), so that what they show is exactly what a forced release would delete, and
+/// neither counts nor deletes anything else in the collection: a key only reserved for a
+/// waiter, or a document the application put there.
+///
+/// The types are read by the aggregation `$type` in the `$expr`, not by a query's `$type`,
+/// which also matches an array holding a value of that type (and a query on `key` matches an
+/// array containing the key); and only a date compares with `$$NOW` as a lease end (a BSON
+/// timestamp sorts after every date).
+fn lock_where(filter: Document) -> Document {
+    let is = |field: &str, ty: &str| doc! { "$eq": [ { "$type": field }, ty ] };
+    doc! { "$and": [ filter, { "$expr": { "$and": [
+        is("$key", "string"),
+        is("$uniqueValue", "string"),
+        is("$expireAt", "date"),
+        { "$in": [ { "$type": "$queue" }, [ "missing", "array" ] ] },
+        { "$gt": [ "$expireAt", "$$NOW" ] },
+    ] } } ] }
+}
+
 /// A driver error as a sentence: the error kind's own text, without the driver's labels and
 /// source fields; a failed server selection names each server and why it was unusable rather
 /// than dumping the topology.
@@ -965,8 +987,9 @@ impl Backend for MongoBackend {
         let key = key.to_owned();
         self.run(move |inner, _| async move {
             let (locks, _) = inner.collections().await?;
-            let held = live(doc! { "key": &key, "uniqueValue": { "$exists": true } });
-            inner.release_where(&locks, held).await
+            inner
+                .release_where(&locks, lock_where(doc! { "key": &key }))
+                .await
         })
     }
 }
@@ -985,17 +1008,15 @@ fn regex_escape(s: &str) -> String {
 
 impl Inner {
     /// The live leases among the documents `filter` matches (at most `limit`, in key order),
-    /// with the time left by the server's clock.
+    /// with the time left by the server's clock: those [`lock_where`] accepts.
     async fn look(
         &self,
         locks: &Collection<Document>,
         filter: Document,
         limit: u32,
     ) -> Result<Vec<KeyInfo>, Failure> {
-        let mut held = filter;
-        held.insert("uniqueValue", doc! { "$exists": true });
         let pipeline = vec![
-            doc! { "$match": live(held) },
+            doc! { "$match": lock_where(filter) },
             doc! { "$sort": { "key": 1 } },
             doc! { "$limit": i64::from(limit.max(1)) },
             doc! { "$project": {
