@@ -446,9 +446,9 @@ setTimeout(() => {}, 60_000);
     assert.ok(out.ms < 30_000);
   });
 
-  it("the README's Command line example runs as written", async () => {
-    const readme = readFileSync(join(root, 'README.md'), 'utf8');
-    const section = readme.slice(readme.indexOf('\n## Command line\n'));
+  it("docs/cli.md's example runs as written", async () => {
+    const readme = readFileSync(join(root, 'docs', 'cli.md'), 'utf8');
+    const section = readme.slice(readme.indexOf('# Command line\n'));
     const block = /\n```sh\n([\s\S]*?)\n```\n/.exec(section)?.[1];
     assert.ok(block?.includes('npx locco-rs run'), 'the Command line section has no sh block running npx locco-rs');
     const cwd = mkdtempSync(join(dir, 'readme-'));
@@ -643,9 +643,9 @@ describe('inspect and release', () => {
     });
   }
 
-  it("the README's inspect and release example runs as written", async () => {
-    const readme = readFileSync(join(root, 'README.md'), 'utf8');
-    const section = readme.slice(readme.indexOf('\n### Inspecting and releasing by force\n'));
+  it("docs/cli.md's inspect and release example runs as written", async () => {
+    const readme = readFileSync(join(root, 'docs', 'cli.md'), 'utf8');
+    const section = readme.slice(readme.indexOf('\n## Inspecting and releasing by force\n'));
     const block = /\n```sh\n([\s\S]*?)\n```\n/.exec(section)?.[1];
     assert.ok(block?.includes('npx locco-rs inspect') && block.includes('npx locco-rs release'), 'no sh block with inspect and release');
     const ready = join(dir, 'readme-nightly.ready');
