@@ -231,7 +231,7 @@ return 0";
 
 /// The ends of the names of the keys kept beside a lock (its queue, its places' deadlines, its
 /// fencing counter; see `lock_keys`): never a lock, whatever they hold. `list` skips them and
-/// the operator scripts refuse them (`LOCK_AT` is made from this list).
+/// the operator scripts refuse them (`lock_at_lua` is made from this list).
 const SIDE_SUFFIXES: [&str; 3] = [":locco-q", ":locco-qt", ":locco-fence"];
 
 /// The one test of "a lock this library wrote" that the operator verbs share (`inspect` and
@@ -1310,7 +1310,7 @@ impl Backend for RedisBackend {
 
 /// A key as an operator is shown it, and the value of the lock it carries (the token and
 /// label, without the queue's mark), by which a Redlock tells which servers agree.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Seen {
     pub info: KeyInfo,
     pub value: Option<String>,
