@@ -336,6 +336,73 @@ describe('RedlockAdapter over 5 servers', () => {
   });
 });
 
+describe('RedlockAdapter operator calls', () => {
+  /** Writes `value` under `key` on the servers `ids`, with a lease of `px` ms each (none when undefined). */
+  const write = (key, ids, value, px) => ids.forEach((i, j) => servers[i].cli('SET', key, value, ...(px === undefined ? [] : ['PX', String(px[j] ?? px)])));
+
+  it('a split vote (no quorum of one value) is not held: inspect, list and forceRelease leave it', async () => {
+    const locker = lockerOn(redlock());
+    const key = freshKey();
+    write(key, [0, 1], 'a|locco:holder=A', 10_000);
+    write(key, [2, 3], 'b|locco:holder=B', 10_000);
+    write(key, [4], 'c|locco:holder=C', 10_000);
+    assert.deepEqual(await locker.inspect(key), { held: false });
+    assert.deepEqual(await locker.list({ prefix: key }), []);
+    assert.equal(await locker.forceRelease(key), false);
+    assert.deepEqual(valuesOf(key), ['a|locco:holder=A', 'a|locco:holder=A', 'b|locco:holder=B', 'b|locco:holder=B', 'c|locco:holder=C']);
+  });
+
+  it("a quorum of one value is held: the holder and time left are the quorum's, not a dissenter's", async () => {
+    const locker = lockerOn(redlock());
+    const key = freshKey();
+    // Four servers agree on A; their third-longest lease (8 s) is when fewer than a quorum of
+    // three still hold it. A dissenter holds B for longer.
+    write(key, [0, 1, 2, 3], 'a|locco:holder=A', [10_000, 9000, 8000, 2000]);
+    write(key, [4], 'b|locco:holder=B', 30_000);
+    const seen = await locker.inspect(key);
+    assert.equal(seen.held, true);
+    assert.equal(seen.holder, 'A');
+    assert.ok(seen.ttlLeft > 5000 && seen.ttlLeft <= 8000, `ttlLeft ${seen.ttlLeft}`);
+    assert.deepEqual((await locker.list({ prefix: key })).map((k) => [k.key, k.holder]), [[key, 'A']]);
+    // The release by force removes what inspect showed, on every server that has it.
+    assert.equal(await locker.forceRelease(key), true);
+    assert.deepEqual(valuesOf(key), ['', '', '', '', 'b|locco:holder=B']);
+    assert.deepEqual(await locker.inspect(key), { held: false });
+  });
+
+  it("keys the application wrote on every server are no lock: not shown, not listed, never removed", async () => {
+    const locker = lockerOn(redlock());
+    const plain = freshKey();
+    const hash = freshKey();
+    for (const s of servers) {
+      s.cli('SET', plain, 'precious');
+      s.cli('HSET', hash, 'name', 'Ada');
+    }
+    for (const key of [plain, hash]) {
+      assert.deepEqual(await locker.inspect(key), { held: false });
+      assert.deepEqual(await locker.list({ prefix: key }), []);
+      assert.equal(await locker.forceRelease(key), false);
+    }
+    assert.deepEqual(valuesOf(plain), Array(5).fill('precious'));
+    assert.deepEqual(
+      servers.map((s) => s.cli('HGET', hash, 'name')),
+      Array(5).fill('Ada'),
+    );
+  });
+
+  it('a lock taken through the adapter is force-released on every server; its holder learns it at its next extend', async () => {
+    const adapter = redlock();
+    const locker = lockerOn(adapter);
+    const key = freshKey();
+    const lock = await locker.acquire(key, { ttl: 10_000, holder: 'job' });
+    await everywhere(key, lock.token);
+    assert.equal((await locker.inspect(key)).holder, 'job');
+    assert.equal(await locker.forceRelease(key), true);
+    await everywhere(key, '');
+    assert.ok((await lock.extend(10_000).catch((x) => x)) instanceof LockLostError);
+  });
+});
+
 describe('MutexManager over several Redis URLs', () => {
   it('coordinates through Redlock', async () => {
     const options = { redis: { urls: urls.slice(0, 3) }, namespace: `m${process.pid}`, lockTTL: 5000 };

@@ -32,7 +32,7 @@ use std::rc::Rc;
 use std::task::Poll;
 use std::time::Instant;
 
-use crate::backend::redis::{RedisBackend, RedisOptions};
+use crate::backend::redis::{RedisBackend, RedisOptions, Seen};
 use crate::backend::{Backend, GivenUp, KeyInfo, Op};
 use crate::engine::error::{BackendErrorKind, Error, Result};
 use crate::engine::event_loop::EventLoop;
@@ -662,51 +662,62 @@ impl Backend for RedlockBackend {
         let reason = self.no_fencing_reason().unwrap_or_default();
         Op::ready(Err(Error::validation("fencing", reason)))
     }
-    /// Every server's view; the key is held when a quorum holds it. Its time left is the
-    /// quorum's (the lease lives while a quorum of servers still has it). Fewer than a quorum
-    /// of answers is the first server's failure.
+    /// Every server's view; the key is held when a quorum of servers hold one value (see
+    /// [`merged`]). Fewer than a quorum of answers is the first server's failure.
     fn inspect(&self, key: &str) -> Op<KeyInfo> {
-        let ops: Vec<Op<KeyInfo>> = self.servers.iter().map(|s| s.inspect(key)).collect();
+        let ops: Vec<_> = self.servers.iter().map(|s| s.seen(key)).collect();
         let (key, n) = (key.to_owned(), self.servers.len());
         Op::pending(async move {
             let answers = answered(futures_util::future::join_all(ops).await, n)?;
-            Ok(merged(key, answers.iter().collect(), n))
+            Ok(merged(key, answers.iter().collect(), n).0)
         })
     }
 
-    /// Every server's list, each key kept when a quorum of servers holds it.
+    /// Every server's list, each key kept when a quorum of servers hold one value.
     fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
         // Each server may list keys the others do not: each lists them all.
         let ops: Vec<_> = self
             .servers
             .iter()
-            .map(|s| s.list(prefix, u32::MAX))
+            .map(|s| s.seen_under(prefix, u32::MAX))
             .collect();
         let n = self.servers.len();
         Op::pending(async move {
             let lists = answered(futures_util::future::join_all(ops).await, n)?;
-            let mut by_key: std::collections::BTreeMap<&str, Vec<&KeyInfo>> = Default::default();
+            let mut by_key: std::collections::BTreeMap<&str, Vec<&Seen>> = Default::default();
             lists
                 .iter()
                 .flatten()
-                .for_each(|i| by_key.entry(&i.key).or_default().push(i));
+                .for_each(|s| by_key.entry(&s.info.key).or_default().push(s));
             Ok(by_key
                 .into_iter()
-                .map(|(k, seen)| merged(k.to_owned(), seen, n))
+                .map(|(k, seen)| merged(k.to_owned(), seen, n).0)
                 .filter(|i| i.held)
                 .take(limit as usize)
                 .collect())
         })
     }
 
-    /// Deletes the key on every server; `true` when any held it. Fewer than a quorum of
-    /// answers is a failure (the key may still be held on a quorum).
+    /// Removes what `inspect` shows: the value a quorum of servers hold, from every server
+    /// that holds it (each by the same test of a lock as a single server's forced release).
+    /// `false`, touching nothing, when no quorum holds one value: the fragments of a split
+    /// vote end with their leases. Fewer than a quorum of answers is a failure (the key may
+    /// still be held on a quorum).
     fn force_release(&self, key: &str) -> Op<bool> {
-        let ops: Vec<_> = self.servers.iter().map(|s| s.force_release(key)).collect();
-        let n = self.servers.len();
+        let ops: Vec<_> = self.servers.iter().map(|s| s.seen(key)).collect();
+        let (this, key, n) = (self.clone(), key.to_owned(), self.servers.len());
         Op::pending(async move {
+            let answers = answered(futures_util::future::join_all(ops).await, n)?;
+            let Some(value) = merged(key.clone(), answers.iter().collect(), n).1 else {
+                return Ok(false);
+            };
+            let ops: Vec<_> = this
+                .servers
+                .iter()
+                .map(|s| s.force_release_value(&key, Some(&value)))
+                .collect();
             let removed = answered(futures_util::future::join_all(ops).await, n)?;
-            Ok(removed.into_iter().any(|r| r))
+            Ok(removed.iter().any(Option::is_some))
         })
     }
 }
@@ -729,28 +740,41 @@ fn answered<T>(all: Vec<Result<T, Error>>, n: usize) -> Result<Vec<T>, Error> {
     }
 }
 
-/// One key as `n` servers see it (`seen`: the answers that mention it).
-fn merged(key: String, seen: Vec<&KeyInfo>, n: usize) -> KeyInfo {
-    let mut held: Vec<&KeyInfo> = seen.into_iter().filter(|i| i.held).collect();
-    if held.len() < quorum(n) {
-        return KeyInfo {
-            key,
-            ..KeyInfo::default()
-        };
+/// One key as `n` servers see it (`seen`: the answers that mention it), and the value a
+/// quorum agree on. Held means a quorum of servers hold one value (one token, one label) with
+/// a live lease: servers holding different tokens (a split vote) are no lock, whatever each
+/// says. The holder is that value's; the time left is the quorum-th longest lease among the
+/// servers that agree, when fewer than a quorum will still hold it.
+fn merged(key: String, seen: Vec<&Seen>, n: usize) -> (KeyInfo, Option<String>) {
+    let mut by_value: std::collections::BTreeMap<&str, Vec<&KeyInfo>> = Default::default();
+    for s in seen {
+        if let (true, Some(v)) = (s.info.held, &s.value) {
+            by_value.entry(v).or_default().push(&s.info);
+        }
     }
-    // Longest first: the quorum-th longest lease is when fewer than a quorum still hold it.
-    held.sort_by(|a, b| {
+    // A strict majority: at most one value has one.
+    let Some((value, mut agree)) = by_value.into_iter().find(|(_, a)| a.len() >= quorum(n)) else {
+        return (
+            KeyInfo {
+                key,
+                ..KeyInfo::default()
+            },
+            None,
+        );
+    };
+    agree.sort_by(|a, b| {
         b.ttl_left
             .unwrap_or(0.0)
             .total_cmp(&a.ttl_left.unwrap_or(0.0))
     });
-    KeyInfo {
+    let info = KeyInfo {
         key,
         held: true,
-        ttl_left: held[quorum(n) - 1].ttl_left,
+        ttl_left: agree[quorum(n) - 1].ttl_left,
         fence: None,
-        holder: held.iter().find_map(|i| i.holder.clone()),
-    }
+        holder: agree[0].holder.clone(),
+    };
+    (info, Some(value.to_owned()))
 }
 
 #[cfg(test)]
@@ -849,6 +873,45 @@ mod tests {
         assert_eq!(per_server_timeout(250, Some(300)), 50);
         assert_eq!(per_server_timeout(250, Some(5)), 1);
         assert_eq!(per_server_timeout(250, None), 250);
+    }
+
+    fn seen(value: &str, ttl: f64) -> Seen {
+        Seen {
+            info: KeyInfo {
+                key: "k".into(),
+                held: true,
+                ttl_left: Some(ttl),
+                fence: None,
+                holder: crate::holder_of(value),
+            },
+            value: Some(value.into()),
+        }
+    }
+
+    #[test]
+    fn a_split_vote_is_no_lock() {
+        let answers = [seen("a", 9000.0), seen("b", 9000.0), seen("c", 9000.0)];
+        let (info, value) = merged("k".into(), answers.iter().collect(), 3);
+        assert!(!info.held);
+        assert_eq!((info.holder, info.ttl_left, value), (None, None, None));
+    }
+
+    #[test]
+    fn the_holder_and_time_left_are_the_agreeing_quorums() {
+        let a = "t1|locco:holder=A";
+        let answers = [
+            seen(a, 10_000.0),
+            seen(a, 9000.0),
+            seen(a, 8000.0),
+            seen(a, 2000.0),
+            seen("t2|locco:holder=B", 30_000.0),
+        ];
+        let (info, value) = merged("k".into(), answers.iter().collect(), 5);
+        assert!(info.held);
+        assert_eq!(info.holder.as_deref(), Some("A"));
+        // The third longest of the four that agree: when fewer than three still hold it.
+        assert_eq!(info.ttl_left, Some(8000.0));
+        assert_eq!(value.as_deref(), Some(a));
     }
 
     #[test]

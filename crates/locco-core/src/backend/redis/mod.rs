@@ -229,31 +229,60 @@ if (v == ARGV[1] or v == ARGV[1] .. '|locco:waited') and redis.call('PTTL', KEYS
 end
 return 0";
 
-/// What an operator sees of a key: KEYS[1] the lock, KEYS[2] its fence counter. Answers
-/// {value, ms left, last fence}: '' for a key that no lease holds (absent, reserved for a
-/// waiter, or not a string), and '' for a key that never took a fencing token.
-const INSPECT: &str = r"
-local v, ttl = '', -2
-if redis.call('TYPE', KEYS[1]).ok == 'string' then
-  v = redis.call('GET', KEYS[1])
-  if string.sub(v, 1, #'locco:reserved|') == 'locco:reserved|' then
-    v = ''
-  else
-    ttl = redis.call('PTTL', KEYS[1])
+/// The ends of the names of the keys kept beside a lock (its queue, its places' deadlines, its
+/// fencing counter; see `lock_keys`): never a lock, whatever they hold. `list` skips them and
+/// the operator scripts refuse them (`lock_at_lua` is made from this list).
+const SIDE_SUFFIXES: [&str; 3] = [":locco-q", ":locco-qt", ":locco-fence"];
+
+/// The one test of "a lock this library wrote" that the operator verbs share (`inspect` and
+/// `list` through INSPECT, `forceRelease` through FORCE_RELEASE_BODY), so what an operator is
+/// shown and what a forced release removes cannot differ: a string key with a lease (a positive
+/// PTTL) whose name is not a side key's. Answers its value and ms left, or nothing: a key that
+/// is absent, of another type, without an expiry or beside a lock is no lock, and a key
+/// reserved for a waiter has no holder.
+///
+/// An application's own string with an expiry passes: on Redis nothing else tells it apart
+/// from a lock (a `token` function may return any text). Keep locks under their own key
+/// prefix (the Locker's `keyPrefix`) when other data shares the database.
+fn lock_at_lua() -> String {
+    let sides: Vec<String> = SIDE_SUFFIXES.iter().map(|s| format!("'{s}'")).collect();
+    format!(
+        r"
+local function lock_at(key)
+  for _, side in ipairs({{{sides}}}) do
+    if string.sub(key, -#side) == side then return nil end
   end
+  if redis.call('TYPE', key).ok ~= 'string' then return nil end
+  local ttl = redis.call('PTTL', key)
+  if ttl <= 0 then return nil end
+  local v = redis.call('GET', key)
+  if v == '' or string.sub(v, 1, #'{RESERVED_PREFIX}') == '{RESERVED_PREFIX}' then return nil end
+  return v, ttl
 end
+",
+        sides = sides.join(", ")
+    )
+}
+
+/// What an operator sees of a key: KEYS[1] the lock, KEYS[2] its fence counter. Answers
+/// {value, ms left, last fence}: value '' for a key that is no lock (see `lock_at_lua`), and
+/// fence '' for a key that never took a fencing token.
+const INSPECT: &str = r"
+local v, ttl = lock_at(KEYS[1])
 local f = ''
 if KEYS[2] and redis.call('TYPE', KEYS[2]).ok == 'string' then f = redis.call('GET', KEYS[2]) end
-return {v, ttl, f}";
+return {v or '', ttl or -2, f}";
 
 /// Removes whoever holds the key, whatever its token: a held key goes to the head of its
-/// queue (reserved and woken, as after a release) or is deleted. A key reserved for a
-/// waiter has no holder and is left alone. Same KEYS as a release on a Cluster.
+/// queue (reserved and woken, as after a release) or is deleted. Anything `lock_at` does not
+/// take for a lock is left as it is, a key reserved for a waiter too. ARGV[1], when given, is
+/// the only value to remove (a Redlock removes the value a quorum agreed on). Answers the
+/// value removed, '' for none. Same KEYS as a release on a Cluster.
 const FORCE_RELEASE_BODY: &str = r"
-local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, #RESERVED) == RESERVED then return 0 end
+local v = lock_at(KEYS[1])
+if not v or (ARGV[1] and v ~= ARGV[1] and v ~= ARGV[1] .. WAITED) then return '' end
 hand_over()
-return 1";
+return v";
 
 /// The value of a key reserved for the head of its queue, before the head's place (the
 /// scripts' `RESERVED`).
@@ -353,8 +382,8 @@ fn scripts() -> &'static Scripts {
         extend: Lua::new(EXTEND.to_owned()),
         extend_many: Lua::new(EXTEND_MANY.to_owned()),
         is_held: Lua::new(IS_HELD.to_owned()),
-        inspect: Lua::new(INSPECT.to_owned()),
-        force_release: queued(FORCE_RELEASE_BODY),
+        inspect: Lua::new(format!("{}{INSPECT}", lock_at_lua())),
+        force_release: queued(&format!("{}{FORCE_RELEASE_BODY}", lock_at_lua())),
     })
 }
 
@@ -1264,26 +1293,48 @@ impl Backend for RedisBackend {
     }
 
     fn inspect(&self, key: &str) -> Op<KeyInfo> {
+        let seen = self.seen(key);
+        Op::pending(async move { Ok(seen.await?.info) })
+    }
+
+    fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
+        let seen = self.seen_under(prefix, limit);
+        Op::pending(async move { Ok(seen.await?.into_iter().map(|s| s.info).collect()) })
+    }
+
+    fn force_release(&self, key: &str) -> Op<bool> {
+        let removed = self.force_release_value(key, None);
+        Op::pending(async move { Ok(removed.await?.is_some()) })
+    }
+}
+
+/// A key as an operator is shown it, and the value of the lock it carries (the token and
+/// label, without the queue's mark), by which a Redlock tells which servers agree.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    pub info: KeyInfo,
+    pub value: Option<String>,
+}
+
+impl RedisBackend {
+    /// What `inspect` shows, with the lock's value.
+    pub(crate) fn seen(&self, key: &str) -> Op<Seen> {
         let key = key.to_owned();
         self.with_conn(
             move |inner, mut conn| async move { inspect_key(&inner, &mut conn, key).await },
         )
     }
 
-    /// SCAN MATCH over the keys (on a Cluster, over each master), then one inspection per
-    /// key found; a queue's, a place list's or a fence counter's keys are skipped.
-    fn list(&self, prefix: &str, limit: u32) -> Op<Vec<KeyInfo>> {
+    /// What `list` shows, with each lock's value: SCAN MATCH over the keys (on a Cluster, over
+    /// each master), then one inspection per key found; the side keys are skipped.
+    pub(crate) fn seen_under(&self, prefix: &str, limit: u32) -> Op<Vec<Seen>> {
         let pattern = format!("{}*", glob_escape(prefix));
         let cluster = self.inner.options.cluster;
         self.with_conn(move |inner, mut conn| async move {
             let keys = scan_keys(&inner, &mut conn, &pattern, cluster).await?;
             let candidates: Vec<String> = keys
                 .into_iter()
-                .filter(|k| {
-                    ![":locco-q", ":locco-qt", ":locco-fence"]
-                        .iter()
-                        .any(|s| k.ends_with(s))
-                })
+                .filter(|k| !SIDE_SUFFIXES.iter().any(|s| k.ends_with(s)))
                 .collect();
             // The reads of a chunk go out together, pipelined on the connection.
             let mut found = Vec::new();
@@ -1292,33 +1343,37 @@ impl Backend for RedisBackend {
                     let (inner, mut conn, key) = (inner.clone(), conn.clone(), key.clone());
                     async move { inspect_key(&inner, &mut conn, key).await }
                 });
-                for info in futures_util::future::join_all(reads).await {
-                    let info = info?;
-                    if info.held {
-                        found.push(info);
+                for seen in futures_util::future::join_all(reads).await {
+                    let seen = seen?;
+                    if seen.info.held {
+                        found.push(seen);
                     }
                 }
                 if found.len() >= limit as usize {
                     break;
                 }
             }
-            found.sort_by(|a, b| a.key.cmp(&b.key));
+            found.sort_by(|a, b| a.info.key.cmp(&b.info.key));
             found.truncate(limit as usize);
             Ok(found)
         })
     }
 
-    fn force_release(&self, key: &str) -> Op<bool> {
+    /// Releases the lock on `key` by force (see FORCE_RELEASE_BODY), only when its value is
+    /// `only` if that is given; answers the value removed.
+    pub(crate) fn force_release_value(&self, key: &str, only: Option<&str>) -> Op<Option<String>> {
         if let Err(e) = self.check_key(key) {
             return Op::ready(Err(e));
         }
         let keys = self.keys(key, false);
+        let args: Vec<String> = only.map(str::to_owned).into_iter().collect();
         self.with_conn(move |inner, mut conn| async move {
-            let removed: i64 = conn
-                .script(&scripts().force_release, &keys, &[])
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let removed: String = conn
+                .script(&scripts().force_release, &keys, &args)
                 .await
                 .map_err(|e| inner.failure(e))?;
-            Ok(removed == 1)
+            Ok((!removed.is_empty()).then_some(removed))
         })
     }
 }
@@ -1335,7 +1390,7 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-async fn inspect_key(inner: &Inner, conn: &mut Conn, key: String) -> Result<KeyInfo, Failure> {
+async fn inspect_key(inner: &Inner, conn: &mut Conn, key: String) -> Result<Seen, Failure> {
     // On a Cluster, a key with '}' but no hash tag has no fence counter in its slot (it could
     // never be fenced): its lock alone is read.
     let fenceless = inner.options.cluster && hash_tag(&key).is_none() && key.contains('}');
@@ -1347,15 +1402,20 @@ async fn inspect_key(inner: &Inner, conn: &mut Conn, key: String) -> Result<KeyI
         .script(&scripts().inspect, &keys, &[])
         .await
         .map_err(|e| inner.failure(e))?;
-    // A key without an expiry (PTTL -1) is no lease of ours; -2 is gone.
-    let held = !value.is_empty() && ttl > 0;
-    Ok(KeyInfo {
+    // The script answers a value only for a lock (see `lock_at_lua`).
+    let held = !value.is_empty();
+    let info = KeyInfo {
         key,
         held,
         ttl_left: held.then_some(ttl as f64),
         fence: fence.parse::<u64>().ok(),
         holder: held.then(|| holder_of(&value)).flatten(),
-    })
+    };
+    let value = held.then(|| match value.strip_suffix(WAITED_SUFFIX) {
+        Some(v) => v.to_owned(),
+        None => value,
+    });
+    Ok(Seen { info, value })
 }
 
 /// Every key matching `pattern`: one SCAN walk, on a Cluster one per master.
@@ -1650,6 +1710,23 @@ mod tests {
         );
         assert!(QUEUE_PRELUDE.contains("KEYS[2] or KEYS[1] .. ':locco-q'"));
         assert!(QUEUE_PRELUDE.contains("KEYS[3] or KEYS[1] .. ':locco-qt'"));
+    }
+
+    #[test]
+    fn the_operator_scripts_share_one_test_of_a_lock() {
+        let lock_at = lock_at_lua();
+        for side in SIDE_SUFFIXES {
+            assert!(lock_at.contains(&format!("'{side}'")));
+        }
+        for key in lock_keys("k", true, true).iter().skip(1) {
+            assert!(SIDE_SUFFIXES.iter().any(|s| key.ends_with(s)), "{key}");
+        }
+        assert!(lock_at.contains(&format!("'{RESERVED_PREFIX}'")));
+        assert!(scripts().inspect.body.starts_with(&lock_at));
+        assert!(scripts().force_release.body.contains(&lock_at));
+        assert!(
+            INSPECT.contains("lock_at(KEYS[1])") && FORCE_RELEASE_BODY.contains("lock_at(KEYS[1])")
+        );
     }
 
     #[test]
