@@ -10,6 +10,7 @@ import { after, before, describe, it } from 'node:test';
 import { Locker, LockHeldError, ValidationError } from 'locco-rs';
 import { HOLDER_BACKENDS, adapterFor } from './support/holder-backends.mjs';
 import { sleep } from './support/adapters.mjs';
+import { MapAdapter } from './support/map-adapter.mjs';
 
 const CHILD = fileURLToPath(new URL('./support/holder-child.mjs', import.meta.url));
 const node = process.execPath;
@@ -202,3 +203,27 @@ for (const backend of HOLDER_BACKENDS) {
     }
   });
 }
+
+describe('a writer whose renewal fails once the readers left', () => {
+  it('acquireWrite rejects with the failure and gives the write key back', async () => {
+    const adapter = new MapAdapter();
+    const locker = new Locker({ adapter });
+    const reader = await locker.acquireRead('wf', { ttl: 60_000, maxReaders: 4 });
+    const writing = locker.acquireWrite('wf', { ttl: 60_000, maxReaders: 4, retry: PATIENT });
+    const outcome = writing.then(
+      (lock) => ({ lock }),
+      (error) => ({ error }),
+    );
+    await sleep(300); // it waited, so it renews its lease once alone: that renewal fails
+    const failure = new Error('connection reset');
+    adapter.extend = async () => {
+      throw failure;
+    };
+    await reader.release();
+    const { error } = await outcome;
+    assert.equal(error, failure);
+    const next = await locker.tryAcquireRead('wf', { ttl: 1000, maxReaders: 4 });
+    assert.ok(next, 'the write key was left held for the whole ttl');
+    await next.release();
+  });
+});

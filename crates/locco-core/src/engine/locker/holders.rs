@@ -91,6 +91,55 @@ enum Reached {
     Permit(Lock),
 }
 
+/// A gate key held while its holder waits (the write key, the waiters' turn). Every way out
+/// gives it back (a failure, an abort, the caller dropping the acquisition), unless
+/// [`Gate::keep`] hands the lock over: left behind, it would shut every reader and writer
+/// (or every later waiter) out for its whole lease.
+struct Gate {
+    locker: Locker,
+    lock: Option<Lock>,
+}
+
+impl Gate {
+    fn new(locker: &Locker, lock: Lock) -> Self {
+        Gate {
+            locker: locker.clone(),
+            lock: Some(lock),
+        }
+    }
+
+    fn lock(&self) -> &Lock {
+        self.lock
+            .as_ref()
+            .expect("a gate holds its lock until it is kept or given back")
+    }
+
+    /// The lock, for the caller to hold: no longer given back.
+    fn keep(mut self) -> Lock {
+        self.lock.take().expect("kept once")
+    }
+
+    /// Gives the key back and waits for the answer (bounded by the lease), so that the key is
+    /// free (or its lease over) when the caller hears the outcome.
+    async fn give_back(mut self) {
+        if let Some(lock) = self.lock.take() {
+            let _ = lock.release(true).await;
+        }
+    }
+}
+
+impl Drop for Gate {
+    /// A way out that did not give the key back (an early return, a dropped future): the
+    /// release goes out as a task of its own, since nothing can be awaited here.
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            self.locker.shared.rt.spawner.spawn(Box::pin(async move {
+                let _ = lock.release(true).await;
+            }));
+        }
+    }
+}
+
 /// The retry budget of one acquisition that makes several kinds of tries: counts attempts,
 /// emits `contended`, and waits before the next try; the error when the budget is spent.
 struct Turns<'a> {
@@ -355,7 +404,7 @@ impl Locker {
         let mut turn_options = options.clone();
         turn_options.auto_extend = None;
         turn_options.ttl = options.ttl.min(QUEUE_LEASE_MS);
-        let held = self
+        let turn = self
             .acquire_key(turn, &turn_options, abort)
             .await
             .map_err(|e| match e {
@@ -373,10 +422,11 @@ impl Locker {
                 },
                 other => other,
             })?;
+        let turn = Gate::new(self, turn);
         let outcome = self
             .wait_holding(
                 key,
-                &held,
+                turn.lock(),
                 turn_options.ttl,
                 Goal::Permit(slots),
                 options,
@@ -385,8 +435,8 @@ impl Locker {
                 start,
             )
             .await;
-        // Bounded by the turn's lease: the next waiter's turn comes at once.
-        let _ = held.release(true).await;
+        // The next waiter's turn comes at once.
+        turn.give_back().await;
         match outcome? {
             Some(Reached::Permit(lock)) => Ok(Some(lock)),
             _ => Ok(None),
@@ -414,30 +464,32 @@ impl Locker {
         } else {
             self.acquire_key(write, options, abort).await?
         };
-        let waited_from = self.now()?;
-        let outcome = self
-            .wait_holding(
-                key,
-                &lock,
-                options.ttl,
-                Goal::NoReaders(slots),
-                options,
-                abort,
-                once,
-                start,
-            )
-            .await;
-        match outcome {
-            Ok(Some(_)) => {
-                // A writer that had to wait gets its whole ttl from the moment it is alone.
-                if self.now()? > waited_from + HOLDER_RECHECK_MS {
-                    lock.extend(options.ttl).await?;
-                }
-                Ok(Some(lock))
+        let gate = Gate::new(self, lock);
+        let outcome = async {
+            let waited_from = self.now()?;
+            let reached = self
+                .wait_holding(
+                    key,
+                    gate.lock(),
+                    options.ttl,
+                    Goal::NoReaders(slots),
+                    options,
+                    abort,
+                    once,
+                    start,
+                )
+                .await?;
+            // A writer that had to wait gets its whole ttl from the moment it is alone.
+            if reached.is_some() && self.now()? > waited_from + HOLDER_RECHECK_MS {
+                gate.lock().extend(options.ttl).await?;
             }
+            Ok(reached.is_some())
+        }
+        .await;
+        match outcome {
+            Ok(true) => Ok(Some(gate.keep())),
             outcome => {
-                // Bounded by the lease, so the key is free (or its lease over) when we answer.
-                let _ = lock.release(true).await;
+                gate.give_back().await;
                 outcome.map(|_| None)
             }
         }
