@@ -1059,6 +1059,56 @@ fn a_grant_and_an_abort_in_the_same_turn_end_aborted_and_given_back() {
     assert!(h.backend.inner.is_empty());
 }
 
+fn is_closed_error(result: Result<Lock>) -> bool {
+    matches!(result, Err(Error::State(ref m)) if m.contains("closed"))
+}
+
+#[test]
+fn close_ends_waiting_acquisitions_and_gives_back_a_grant_in_flight() {
+    let mut h = Harness::new();
+    let holder = h.acquire("k", AcquireOptions::new(10_000));
+    let waiting = h.spawn_acquire(
+        "k",
+        AcquireOptions::new(1000).with_retry(retries(1000, 50.0)),
+    );
+    h.pool.run_until_stalled();
+    // A grant applied by the backend whose answer is still on its way back.
+    h.backend.apply_early.set(true);
+    h.hold_answers();
+    let in_flight = h.spawn_acquire("j", AcquireOptions::new(1000));
+    h.pool.run_until_stalled();
+    assert_eq!(h.backend.inner.len(), 2, "k held, j granted in the backend");
+    h.locker.close();
+    // Both end at once, before any clock moves: nobody waits out a retry or a lease.
+    h.pool.run_until_stalled();
+    let mut waiting = waiting;
+    let mut in_flight = in_flight;
+    let waited = h
+        .pool
+        .run_until(futures_util::future::poll_immediate(&mut waiting));
+    let flew = h
+        .pool
+        .run_until(futures_util::future::poll_immediate(&mut in_flight));
+    assert!(
+        waited.is_some_and(is_closed_error),
+        "the waiting acquisition"
+    );
+    assert!(
+        flew.is_some_and(is_closed_error),
+        "the acquisition in flight"
+    );
+    h.let_answers_through();
+    h.backend.apply_early.set(false);
+    assert!(h.pool.run_until(holder.release(true)).unwrap());
+    h.run_to(1200.0);
+    assert!(h.backend.inner.is_empty(), "a grant after close was kept");
+    let locker = h.locker.clone();
+    let later = h
+        .pool
+        .run_until(async move { locker.acquire("m", AcquireOptions::new(1000), None).await });
+    assert!(is_closed_error(later), "an acquisition after close");
+}
+
 #[test]
 fn an_abort_while_acquire_many_refreshes_its_leases_gives_every_lock_back() {
     let mut h = Harness::new();

@@ -275,29 +275,44 @@ impl Locker {
     ) -> Result<Option<Lock>> {
         options.validate()?;
         let key = self.full_key(key)?;
-        let abort = abort.as_ref();
+        if self.is_closed() {
+            return Err(Self::closed_error());
+        }
+        let stop = self.stop(abort.as_ref());
+        let outcome = self.take_holder(&key, holders, &options, &stop, once).await;
+        self.stopped(abort.as_ref(), outcome)
+    }
+
+    /// [`Self::acquire_holder`] of a key already prefixed, stopped by `stop`.
+    async fn take_holder(
+        &self,
+        key: &str,
+        holders: Holders,
+        options: &AcquireOptions,
+        stop: &Abort,
+        once: bool,
+    ) -> Result<Option<Lock>> {
+        let (abort, options) = (Some(stop), options);
         let slots = |n: u32, name: fn(&str, u32) -> String| -> Result<Vec<String>> {
-            let slots: Vec<String> = (0..n).map(|i| name(&key, i)).collect();
+            let slots: Vec<String> = (0..n).map(|i| name(key, i)).collect();
             validate_key(&slots[slots.len() - 1])?;
             Ok(slots)
         };
         match holders {
             Holders::Permit { limit } => {
                 let slots = slots(limit, permit_key)?;
-                self.take_a_permit(&key, &slots, &options, abort, once)
-                    .await
+                self.take_a_permit(key, &slots, options, abort, once).await
             }
             Holders::Read { max_readers } => {
                 let slots = slots(max_readers, read_key)?;
-                let gate = write_key(&key);
+                let gate = write_key(key);
                 let start = self.now()?;
-                self.take_a_slot(&key, &slots, Some(&gate), &options, abort, once, start)
+                self.take_a_slot(key, &slots, Some(&gate), options, abort, once, start)
                     .await
             }
             Holders::Write { max_readers } => {
                 let slots = slots(max_readers, read_key)?;
-                self.take_the_write(&key, &slots, &options, abort, once)
-                    .await
+                self.take_the_write(key, &slots, options, abort, once).await
             }
         }
     }
@@ -457,7 +472,8 @@ impl Locker {
         let write = write_key(key);
         validate_key(&write)?;
         let lock = if once {
-            match self.try_acquire_key(write, options).await? {
+            let stop = abort.expect("an acquisition of a holder always has its stop");
+            match self.try_acquire_key(write, options, stop).await? {
                 Some(lock) => lock,
                 None => return Ok(None),
             }
