@@ -343,6 +343,81 @@ fn a_permit_waiter_dropped_while_it_waits_gives_its_turn_back() {
 }
 
 #[test]
+fn a_permit_waiter_with_a_ttl_below_the_recheck_pause_keeps_its_turn() {
+    let mut h = Harness::new(false);
+    let held: Vec<Lock> = (0..3)
+        .map(|_| h.try_take(PERMITS, 60_000).unwrap())
+        .collect();
+    let waiter = h.spawn_take(PERMITS, patient(50));
+    h.run_to(1_600.0);
+    assert!(h.release(&held[1]));
+    h.run_to(1_700.0);
+    match h.pool.run_until(waiter) {
+        Ok(Some(lock)) => assert_eq!(lock.key(), held[1].key()),
+        other => panic!("expected the freed permit, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_writer_with_a_ttl_below_the_recheck_pause_keeps_its_write_key() {
+    let mut h = Harness::new(false);
+    let reader = h.try_take(READ, 60_000).unwrap();
+    let writer = h.spawn_take(WRITE, patient(50));
+    h.run_to(1_600.0);
+    assert!(
+        h.try_take(READ, 1_000).is_none(),
+        "a new reader got in past a waiting writer"
+    );
+    assert!(h.release(&reader));
+    h.run_to(1_700.0);
+    match h.pool.run_until(writer) {
+        Ok(Some(lock)) => assert_eq!(lock.key(), "r:write"),
+        other => panic!("expected the write, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_write_key_lost_while_waiting_is_taken_again_not_reported() {
+    let mut h = Harness::new(false);
+    let reader = h.try_take(READ, 60_000).unwrap();
+    let writer = h.spawn_take(WRITE, patient(400));
+    h.run_to(1_500.0);
+    // An operator (or a restart without persistence) takes the write key away.
+    let forced = h.backend.inner.force_release("r:write");
+    assert!(h.pool.run_until(forced).unwrap());
+    h.run_to(2_000.0);
+    assert!(
+        h.try_take(READ, 1_000).is_none(),
+        "the writer did not take its key again"
+    );
+    assert!(h.release(&reader));
+    h.run_to(2_200.0);
+    match h.pool.run_until(writer) {
+        Ok(Some(lock)) => assert_eq!(lock.state(), LockState::Held),
+        other => panic!("expected the write, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_turn_lost_while_waiting_is_taken_again_not_reported() {
+    let mut h = Harness::new(false);
+    let held: Vec<Lock> = (0..3)
+        .map(|_| h.try_take(PERMITS, 60_000).unwrap())
+        .collect();
+    let waiter = h.spawn_take(PERMITS, patient(400));
+    h.run_to(1_500.0);
+    let forced = h.backend.inner.force_release("r:turn");
+    assert!(h.pool.run_until(forced).unwrap());
+    h.run_to(2_000.0);
+    assert!(h.release(&held[2]));
+    h.run_to(2_200.0);
+    match h.pool.run_until(waiter) {
+        Ok(Some(lock)) => assert_eq!(lock.key(), held[2].key()),
+        other => panic!("expected the freed permit, got {other:?}"),
+    }
+}
+
+#[test]
 fn counts_are_validated_with_the_field_named() {
     for bad in [0.0, 1.5, 1025.0, f64::NAN] {
         match Holders::count("limit", bad) {
