@@ -1609,3 +1609,27 @@ fn a_slow_holder_read_does_not_hold_the_error_back_by_more_than_250_ms() {
     );
     assert_eq!(h.backend.count("inspect"), 1);
 }
+
+#[test]
+fn a_custom_token_with_the_stored_values_marks_is_refused() {
+    for bad in [
+        "locco:reserved|w1",
+        "abc|locco:waited",
+        "abc|locco:holder=me",
+        "",
+    ] {
+        let mut h = Harness::with(move |o| o.token = Some(Rc::new(move || Ok(bad.to_owned()))));
+        let locker = h.locker.clone();
+        let got = h
+            .pool
+            .run_until(async move { locker.acquire("k", AcquireOptions::new(1000), None).await });
+        match got {
+            Err(Error::Validation { field, .. }) => assert_eq!(field, "token", "{bad:?}"),
+            other => panic!("{bad:?}: expected a ValidationError, got {other:?}"),
+        }
+        assert!(h.backend.inner.is_empty(), "{bad:?} was sent");
+    }
+    let mut h = Harness::with(|o| o.token = Some(Rc::new(|| Ok("host-7|pid-42".to_owned()))));
+    let lock = h.acquire("k", AcquireOptions::new(1000));
+    assert_eq!(lock.token(), "host-7|pid-42");
+}

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use futures_util::future::Either;
 use futures_util::FutureExt;
 
-use crate::backend::holder::labelled;
+use crate::backend::holder::{labelled, validate_token};
 use crate::backend::KeyInfo;
 use crate::backend::{Backend, Op, Waiter};
 use crate::engine::clock::checked_now;
@@ -260,7 +260,11 @@ impl Locker {
     /// never delete the grant of another attempt of the same acquisition.
     fn token(&self) -> Result<String> {
         match &self.shared.options.token {
-            Some(make) => make(),
+            Some(make) => {
+                let token = make()?;
+                validate_token(&token)?;
+                Ok(token)
+            }
             None => Ok(random_token()),
         }
     }
