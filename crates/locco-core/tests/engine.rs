@@ -39,6 +39,29 @@ struct Gated {
     session_gone: Rc<Gate>,
     /// Answers `Queue::joins_on_first_try` (as a queue in this process does).
     joins_first: Cell<bool>,
+    /// The next `jumps` grant requests move this clock on by `jump_by` while they are on their
+    /// way, and answer a turn later (a request that took longer than its lease).
+    jump_clock: RefCell<Option<Rc<ManualClock>>>,
+    jump_by: Cell<f64>,
+    jumps: Cell<u32>,
+}
+
+/// Pending once, having woken itself: an answer that comes a turn after the request.
+struct NextTurn(bool);
+
+impl std::future::Future for NextTurn {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
 }
 
 #[derive(Default)]
@@ -87,6 +110,9 @@ impl Gated {
             batches: RefCell::default(),
             session_gone: Rc::default(),
             joins_first: Cell::new(false),
+            jump_clock: RefCell::default(),
+            jump_by: Cell::new(0.0),
+            jumps: Cell::new(0),
         }
     }
 
@@ -98,6 +124,17 @@ impl Gated {
         self.calls.borrow_mut().push(verb);
         if self.fail.get() {
             return Op::ready(Err(injected()));
+        }
+        if verb == "acquire" && self.jumps.get() > 0 {
+            self.jumps.set(self.jumps.get() - 1);
+            if let Some(clock) = &*self.jump_clock.borrow() {
+                clock.advance(self.jump_by.get());
+            }
+            let answer = run();
+            return Op::pending(async move {
+                NextTurn(false).await;
+                answer.await
+            });
         }
         let holding = self.hold.get()
             && self.hold_next.get() != Some(0)
@@ -1632,4 +1669,49 @@ fn a_custom_token_with_the_stored_values_marks_is_refused() {
     let mut h = Harness::with(|o| o.token = Some(Rc::new(|| Ok("host-7|pid-42".to_owned()))));
     let lock = h.acquire("k", AcquireOptions::new(1000));
     assert_eq!(lock.token(), "host-7|pid-42");
+}
+
+#[test]
+fn a_grant_answered_after_the_clock_passed_its_lease_in_flight_is_late_not_unanswered() {
+    let mut h = Harness::new();
+    *h.backend.jump_clock.borrow_mut() = Some(h.clock.clone());
+    h.backend.jump_by.set(250.0);
+    // tryAcquire: the grant is given back, and the error says late-acquire.
+    h.backend.jumps.set(1);
+    let locker = h.locker.clone();
+    let single = h
+        .pool
+        .run_until(async move { locker.try_acquire("k", AcquireOptions::new(100)).await });
+    match single {
+        Err(Error::Held { reason, .. }) => assert_eq!(reason, HeldReason::LateAcquire),
+        other => panic!("expected late-acquire, got {other:?}"),
+    }
+    assert_eq!(h.events(), ["contended:late"]);
+    assert_eq!(
+        h.backend.count("release"),
+        1,
+        "the late grant was not given back"
+    );
+    // acquire: `contended` with reason late, then a retry that wins.
+    h.backend.jumps.set(1);
+    let task = h.spawn_acquire("j", AcquireOptions::new(100).with_retry(retries(3, 10.0)));
+    h.run_to(h.clock.now() + 50.0);
+    let lock = h.pool.run_until(task).expect("the retry wins");
+    assert_eq!(lock.state(), LockState::Held);
+    assert_eq!(h.events(), ["contended:late", "contended:late", "acquired"]);
+    // No answer at all is still a backend timeout.
+    h.hold_answers();
+    let locker = h.locker.clone();
+    let silent = h.pool.spawner().spawn_local_with_handle(async move {
+        locker.try_acquire("m", AcquireOptions::new(100)).await
+    });
+    let silent = silent.unwrap();
+    h.run_to(h.clock.now() + 200.0);
+    assert!(matches!(
+        h.pool.run_until(silent),
+        Err(Error::Backend {
+            kind: BackendErrorKind::Timeout,
+            ..
+        })
+    ));
 }

@@ -798,8 +798,16 @@ impl Locker {
     ) -> Result<Attempt> {
         let end = lease_end(sent_at, ttl);
         let limit = budget_end.map_or(end, |b| b.min(end));
+        // At least one tick from now: a limit that passed while the request was being sent
+        // (the call itself outlasted the lease, or the clock jumped) says nothing about whether
+        // an answer comes; one already on its way is then judged (late), not taken for none.
+        // (Read unchecked: a reading that is not a number is judged with the answer, whose
+        // grant is then given back; returning here would drop the request unanswered.)
+        let rt = &self.shared.rt;
+        let now = rt.clock.now();
+        let limit = limit.max(now + MIN_WAIT_MS);
         // The answer, unless the limit passes (`Right(Left)`) or `abort` fires first.
-        let deadline = sleep_until(&*self.shared.rt.clock, &*self.shared.rt.timer, limit);
+        let deadline = sleep_until_from(&*rt.clock, &*rt.timer, limit, now);
         let answer = first(&mut op, first(deadline, aborted(abort))).await;
         self.judge(answer, op, key, token, end, abort)
     }
