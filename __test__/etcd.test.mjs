@@ -417,6 +417,25 @@ describe('EtcdAdapter session end', () => {
     // every 100 ms is later than that.
     assert.ok(Math.max(...late) < 15, `lost after the session's end by ${late.map((x) => x.toFixed(0)).join(', ')} ms`);
   });
+
+  it('a lock reads lost at once when the event loop was blocked past its session\'s end', async () => {
+    // No news can reach a blocked JavaScript thread: the first read after it must still say
+    // lost, from the session's end on the clock, before the cluster's keys are taken by others.
+    const proxy = await testProxy(Number(etcd.endpoint.split(':').pop()));
+    try {
+      await using adapter = new EtcdAdapter({ endpoints: [`127.0.0.1:${proxy.port}`], sessionTtl: 2000, prefix: 'blocked/' });
+      const locker = new Locker({ adapter });
+      const lock = await locker.acquire('k', { ttl: 60_000 });
+      await proxy.cut();
+      const until = performance.now() + 2500;
+      while (performance.now() < until); // the event loop is blocked past the session's end
+      assert.equal(lock.state, 'lost');
+      assert.equal(lock.lostReason, 'session');
+      assert.equal(lock.signal.aborted, true);
+    } finally {
+      await proxy.close();
+    }
+  });
 });
 
 describe('EtcdAdapter with authentication', () => {

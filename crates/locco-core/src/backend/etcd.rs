@@ -1389,6 +1389,10 @@ impl Backend for EtcdBackend {
         self.run(move |inner, _| async move { inner.force_release(&key).await })
     }
 
+    fn session_left(&self, key: &str, token: &str) -> Option<f64> {
+        EtcdBackend::session_left(self, key, token)
+    }
+
     fn watch_lost(&self, key: &str, token: &str) -> Option<Op<()>> {
         let (session, mut alive) = {
             let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());

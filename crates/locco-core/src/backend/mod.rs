@@ -185,6 +185,14 @@ pub trait Backend {
     fn watch_lost(&self, _key: &str, _token: &str) -> Option<Op<()>> {
         None
     }
+    /// Milliseconds until the session or connection that keeps `token`'s lease on `key` may
+    /// end by the backend's own reckoning (0 once it may have), read at once, without I/O.
+    /// A holder's state is read on the clock: this lets a read right after a blocked event
+    /// loop answer "lost" before [`Backend::watch_lost`]'s news could arrive. `None`, the
+    /// default, when the lease rests on no session or the backend cannot tell.
+    fn session_left(&self, _key: &str, _token: &str) -> Option<f64> {
+        None
+    }
     /// The fair queue of waiters, shared by every process, when the backend keeps one. Then
     /// waiters take their turn in it instead of racing for a free key (see [`Queue`]).
     fn queue(&self) -> Option<&dyn Queue> {

@@ -195,6 +195,9 @@ impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
     fn watch_lost(&self, key: &str, token: &str) -> Option<crate::Op<()>> {
         self.inner.watch_lost(key, token)
     }
+    fn session_left(&self, key: &str, token: &str) -> Option<f64> {
+        self.inner.session_left(key, token)
+    }
     fn coordination(&self) -> Option<&dyn crate::Coordination> {
         self.inner.coordination()
     }

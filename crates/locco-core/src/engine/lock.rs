@@ -340,7 +340,19 @@ impl LockInner {
     /// [`LockInner::refresh`] with the clock already read.
     pub(crate) fn refresh_at(&self, now: f64) {
         let end = self.lease_end.get();
-        if self.state.get() != LockState::Held || now < end {
+        if self.state.get() != LockState::Held {
+            return;
+        }
+        if now < end {
+            // A lease on a session ends with it, whatever its own end says.
+            let session_over = self
+                .shared
+                .backend
+                .session_left(&self.key, &self.token)
+                .is_some_and(|left| left <= 0.0);
+            if session_over {
+                self.lose(LostReason::Session, None, now);
+            }
             return;
         }
         let failed = self.last_extend_error.borrow().clone();
