@@ -49,6 +49,8 @@ export interface ChaosOptions {
   seed: number;
   /** The chance of each fault per call (their sum at most 1). */
   rates?: Partial<Record<ChaosFault, number>>;
+  /** Only calls of these methods are faulted (default: every method). */
+  methods?: string[];
   /** Moves the clock the backend and its Lockers share (their `now`), for a late answer; without it a late answer waits in real time. */
   advance?: (ms: number) => void;
   /** Timestamps of the log, in ms; default performance.now. */

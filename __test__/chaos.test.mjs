@@ -80,6 +80,14 @@ describe('chaosAdapter', () => {
     assert.deepEqual(CHAOS_FAULTS, ['fail', 'late', 'hang', 'lostReply', 'endSession']);
   });
 
+  it('faults only the methods named in methods', async () => {
+    const adapter = chaosAdapter(new MapAdapter(), { seed: 1, rates: { fail: 1 }, methods: ['extend'] });
+    assert.equal(await adapter.acquire({ key: 'k', token: 'a', ttl: 1000 }), true);
+    const e = await adapter.extend({ key: 'k', token: 'a', ttl: 1000 }).catch((x) => x);
+    assert.equal(e.fault, 'fail');
+    assert.equal(await adapter.release({ key: 'k', token: 'a' }), true);
+  });
+
   it('keeps the methods of the adapter it wraps, and no others', () => {
     const adapter = chaosAdapter(new MapAdapter(), { seed: 1 });
     assert.equal(typeof adapter.acquireFenced, 'function');

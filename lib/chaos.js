@@ -9,7 +9,7 @@ const DEFAULT_RATES = Object.freeze({ fail: 0.03, late: 0.02, hang: 0.01, lostRe
 const LEASE_METHODS = ['acquire', 'release', 'extend', 'isHeld', 'acquireFenced'];
 const QUEUE_METHODS = ['acquireQueued', 'leaveQueue', 'watchQueue'];
 const OPERATOR_METHODS = ['inspect', 'list', 'forceRelease'];
-const CHAOS_OPTIONS = ['seed', 'rates', 'advance', 'now', 'lateMs'];
+const CHAOS_OPTIONS = ['seed', 'rates', 'methods', 'advance', 'now', 'lateMs'];
 
 /** What a chaos adapter throws. The Locker passes it through as is, as any adapter's error. */
 class ChaosError extends Error {
@@ -84,7 +84,7 @@ function shown(value) {
  * that method on that key came before it, so the same calls get the same faults.
  *
  * Options: `seed` (an integer, required), `rates` (the chance of each fault per call,
- * default DEFAULT_RATES), `advance` (moves the clock the backend and its Lockers share),
+ * default DEFAULT_RATES), `methods` (only calls of these methods are faulted), `advance` (moves the clock the backend and its Lockers share),
  * `now` (timestamps the log; default performance.now), `lateMs` (how late an answer to a
  * call without a ttl comes, default 1000 ms).
  *
@@ -104,6 +104,10 @@ function chaosAdapter(inner, options) {
   if (advance !== undefined && typeof advance !== 'function') throw new TypeError('chaosAdapter: advance must be a function (ms) => void');
   if (typeof now !== 'function') throw new TypeError('chaosAdapter: now must be a function returning ms');
   const rates = checkRates(options.rates ?? DEFAULT_RATES);
+  const { methods } = options;
+  if (methods !== undefined && !(Array.isArray(methods) && methods.every((m) => typeof m === 'string'))) {
+    throw new TypeError('chaosAdapter: methods must be an array of method names');
+  }
 
   const log = [];
   const dropped = [];
@@ -137,7 +141,7 @@ function chaosAdapter(inner, options) {
   }
 
   function draw(method, key) {
-    if (state.quiet) return undefined;
+    if (state.quiet || (methods !== undefined && !methods.includes(method))) return undefined;
     const id = `${method} ${key}`;
     const k = counts.get(id) ?? 0;
     counts.set(id, k + 1);

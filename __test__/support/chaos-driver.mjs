@@ -74,13 +74,13 @@ export function plan(seed) {
   // that waits long for a reader (its renewals while waiting, and after), and a caller whose
   // Locker is closed while its acquisition waits for another holder.
   if (family === 'writer waits') {
-    // The writer comes once the reader is in, and faults are rarer: a writer gives up at the
-    // first of its looks that fails, and a long wait is many looks.
-    if (profile === 'heavy' || profile === 'flaky') [profile, rates] = ['sparse', { fail: 0.06, lostReply: 0.03 }];
+    // The writer comes once the reader is in, and only renewals fail: a writer gives up at
+    // the first of its looks that fails, and a long wait is many looks.
+    if (profile !== 'calm') [profile, rates] = ['renewals', { fail: 0.3, lostReply: 0.1 }];
     const ttl = 400;
-    callers[0].ops = [{ ...op('acquireRead', ttl), holdMs: 150 + r.int(250) }];
+    callers[0].ops = [{ ...op('acquireRead', ttl), holdMs: 140 + r.int(80) }];
     callers[1].ops = [{ ...op('acquireWrite', ttl), retry: { retries: 12, delay: 30 + r.int(40) }, holdMs: r.int(100) }];
-    callers[1].startAt = 20 + r.int(20);
+    callers[1].startAt = 20 + r.int(15);
     callers[0].closeAt = callers[1].closeAt = undefined;
   } else if (family === 'close while waiting') {
     const kind = r.pick(['acquire', 'withLock', 'acquireMany', 'acquireWrite']);
@@ -92,7 +92,8 @@ export function plan(seed) {
   }
   const jumps = Array.from({ length: family === 'writer waits' ? 0 : r.int(3) }, () => ({ at: r.int(500), by: 10 + r.int(300) }));
   const backend = r.pick(['map', 'map', 'queued map', 'queued map', 'memory']);
-  return { seed, kind: 'locker', profile, rates, family, backend, queued: backend === 'queued map', callers, jumps };
+  const methods = profile === 'renewals' ? ['extend'] : undefined;
+  return { seed, kind: 'locker', profile, rates, methods, family, backend, queued: backend === 'queued map', callers, jumps };
 }
 
 function planMutex(seed, r) {
@@ -107,7 +108,8 @@ function planMutex(seed, r) {
 /** The plan, one line per caller, for a failure report. */
 export function describePlan(p) {
   const backend = p.backend ?? (p.queued ? 'queued map' : 'map');
-  const head = `seed ${p.seed}: ${p.kind} history, faults ${p.profile} ${JSON.stringify(p.rates)}, ${backend} backend`;
+  const only = p.methods ? ` on ${p.methods.join(', ')} only` : '';
+  const head = `seed ${p.seed}: ${p.kind} history, faults ${p.profile} ${JSON.stringify(p.rates)}${only}, ${backend} backend`;
   if (p.kind === 'mutex') {
     return [head, `lockTTL ${p.lockTTL}`, ...p.managers.map((m, i) => `  manager m${i}: ${JSON.stringify(m.runs)}`)].join('\n');
   }
@@ -136,7 +138,7 @@ class SharedQueuedMapAdapter extends QueuedMapAdapter {
  * The JavaScript map backend of a history, on the history's clock, each caller through a
  * chaos adapter of its own (a session each). `holds` and `live` read its real state at once.
  */
-export function mapBackend(h, { queued, seed, rates, realTime = false, lateMs }) {
+export function mapBackend(h, { queued, seed, rates, methods, realTime = false, lateMs }) {
   const Backend = queued ? SharedQueuedMapAdapter : MapAdapter;
   const map = new Backend({ now: h.clock });
   // On real time (a MutexManager reads the process's clock) a late answer waits instead.
@@ -149,7 +151,7 @@ export function mapBackend(h, { queued, seed, rates, realTime = false, lateMs })
   return {
     map,
     adapterFor(i) {
-      const adapter = chaosAdapter(map, { seed: seed * 16 + i, rates, advance, now: h.clock, lateMs });
+      const adapter = chaosAdapter(map, { seed: seed * 16 + i, rates, methods, advance, now: h.clock, lateMs });
       h.adapters.push(adapter);
       return adapter;
     },
@@ -175,7 +177,7 @@ export const KEYS = ['k', 'j', 's:turn', 's:permit:0', 's:permit:1', 'rw:write',
  * The in-memory backend on the history's clock, each caller through a chaos adapter of its
  * own. Its state is read through an operator's inspect, so only at the end.
  */
-export function memoryBackend(h, { seed, rates }) {
+export function memoryBackend(h, { seed, rates, methods }) {
   const memory = new InMemoryAdapter({ now: h.clock });
   const advance = (ms) => {
     h.offset += ms;
@@ -183,10 +185,11 @@ export function memoryBackend(h, { seed, rates }) {
   };
   return {
     adapterFor(i) {
-      const adapter = chaosAdapter(memory, { seed: seed * 16 + i, rates, advance, now: h.clock });
+      const adapter = chaosAdapter(memory, { seed: seed * 16 + i, rates, methods, advance, now: h.clock });
       h.adapters.push(adapter);
       return adapter;
     },
+    holdsAsync: (key, token) => memory.isHeld({ key, token }),
     async heldAtEnd() {
       const look = new Locker({ adapter: memory, now: h.clock });
       const held = [];
@@ -402,10 +405,22 @@ async function checkGaveBack(h, c, what) {
   await sleep(1);
   const mine = new Set([...h.holders].filter((x) => x.caller === c.name && !x.givingUp).map((x) => x.lock.token));
   const released = releasedTokens(h);
-  for (const { key, token } of h.backend.live?.() ?? []) {
+  for (const { key, token } of await liveGrants(h)) {
     if (!token.startsWith(`${c.name}.`) || mine.has(token) || released.has(token)) continue;
     h.violation('left-held', `${c.name} gave up on ${what}, but ${key} is still held for its token ${token}, never given back`);
   }
+}
+
+/** The grants the chaos adapters saw that the backend still holds. */
+async function liveGrants(h) {
+  const seen = new Map();
+  for (const a of h.adapters) for (const e of a.chaos.log) if (e.granted) seen.set(`${e.key} ${e.token}`, e);
+  const out = [];
+  for (const { key, token } of seen.values()) {
+    const held = h.backend.holds?.(key, token) ?? (await h.backend.holdsAsync?.(key, token));
+    if (held) out.push({ key, token });
+  }
+  return out;
 }
 
 function releasedTokens(h) {
@@ -587,7 +602,7 @@ export async function runHistory(p, env = {}) {
   for (const c of callers) {
     if (c.plan.closeAt !== undefined) timers.push(setTimeout(() => closeCaller(h, c), c.plan.closeAt));
   }
-  const ticker = setInterval(() => h.check(), 2);
+  const ticker = setInterval(() => h.check(), 5);
   try {
     await Promise.all(
       callers.map(async (c) => {
@@ -631,7 +646,7 @@ async function finish(h, allClosed) {
     });
   }
   const released = releasedTokens(h);
-  for (const { key, token } of h.backend.live?.() ?? []) {
+  for (const { key, token } of await liveGrants(h)) {
     if (!released.has(token)) h.violation('left-held', `${key} is held for ${token} after every caller gave up, never given back`);
   }
   if (h.grace > 0) {
