@@ -106,10 +106,12 @@ function planMutex(seed, r) {
 }
 
 /** The plan, one line per caller, for a failure report. */
-export function describePlan(p) {
+export function describePlan(p, server) {
   const backend = p.backend ?? (p.queued ? 'queued map' : 'map');
   const only = p.methods ? ` on ${p.methods.join(', ')} only` : '';
-  const head = `seed ${p.seed}: ${p.kind} history, faults ${p.profile} ${JSON.stringify(p.rates)}${only}, ${backend} backend`;
+  const head = server
+    ? `seed ${p.seed}: ${p.kind} history on ${server}, real time, its connections killed`
+    : `seed ${p.seed}: ${p.kind} history, faults ${p.profile} ${JSON.stringify(p.rates)}${only}, ${backend} backend`;
   if (p.kind === 'mutex') {
     return [head, `lockTTL ${p.lockTTL}`, ...p.managers.map((m, i) => `  manager m${i}: ${JSON.stringify(m.runs)}`)].join('\n');
   }
@@ -622,7 +624,7 @@ export async function runHistory(p, env = {}) {
     clearInterval(ticker);
     for (const t of timers) clearTimeout(t);
   }
-  return { violations: h.violations, notes: h.notes, report: () => `${describePlan(p)}\n${h.report()}` };
+  return { violations: h.violations, notes: h.notes, report: () => `${describePlan(p, env.name)}\n${h.report()}` };
 }
 
 /**
