@@ -70,9 +70,9 @@ export function plan(seed) {
     fencing: r.chance(0.3),
     closeAt: r.chance(0.35) ? r.int(400) : undefined,
   }));
-  // Two shapes random plans seldom take, each where a known kind of defect hides: a writer
-  // that waits long for a reader (its renewals while waiting, and after), and a caller whose
-  // Locker is closed while its acquisition waits for another holder.
+  // Two shapes random plans seldom take, each a place where defects hide: a writer that waits
+  // for a reader (its renewals while waiting, and after), and a caller whose Locker is closed
+  // while its acquisition waits for another holder.
   if (family === 'writer waits') {
     // The writer comes once the reader is in, and only renewals fail: a writer gives up at
     // the first of its looks that fails, and a long wait is many looks.
@@ -84,8 +84,8 @@ export function plan(seed) {
     callers[0].closeAt = callers[1].closeAt = undefined;
   } else if (family === 'close while waiting') {
     const kind = r.pick(['acquire', 'withLock', 'acquireMany', 'acquireWrite']);
-    const key = kind === 'acquireWrite' ? 'acquireWrite' : 'acquire';
-    callers[0].ops = [{ ...op(key, r.pick([250, 400])), autoExtend: true, holdMs: 150 + r.int(200) }];
+    const holding = kind === 'acquireWrite' ? 'acquireWrite' : 'acquire';
+    callers[0].ops = [{ ...op(holding, r.pick([250, 400])), autoExtend: true, holdMs: 150 + r.int(200) }];
     callers[1].ops = [{ ...op(kind), retry: { retries: 12, delay: 20 + r.int(30) } }];
     callers[0].closeAt = undefined;
     callers[1].closeAt = 20 + r.int(150);
@@ -492,8 +492,7 @@ async function runWithLock(h, c, op) {
   };
   try {
     const r = await bounded(c.locker.withLock('k', options, work), SETTLE_MS);
-    if (r === TIMED_OUT && entry?.givingUp) h.violation('release-never-settled', `${c.name} withLock: the work finished, its release never settled`);
-    else if (r === TIMED_OUT) h.violation('never-settled', `${c.name} withLock`);
+    if (r === TIMED_OUT) stuck(h, c.adapter, `${c.name} withLock${entry?.givingUp ? ' (its work had finished)' : ''}`);
     else h.step(`${c.name} withLock answered ${r}`);
   } catch (error) {
     if (entry) entry.givingUp = true;
@@ -515,7 +514,7 @@ async function runOp(h, c, op) {
     return;
   }
   if (got === TIMED_OUT) {
-    h.violation('never-settled', `${c.name} ${describeOp(op)} neither resolved nor rejected in ${SETTLE_MS} ms`);
+    stuck(h, c.adapter, `${c.name} ${describeOp(op)}`);
     return;
   }
   if (got === null) {
@@ -724,8 +723,7 @@ async function runMutexHistory(p) {
               ),
               SETTLE_MS,
             );
-            if (r === TIMED_OUT && ran) h.violation('release-never-settled', `${name} runOperation: the callback finished, the operation never settled`);
-            else if (r === TIMED_OUT) h.violation('never-settled', `${name} runOperation`);
+            if (r === TIMED_OUT) stuck(h, m.adapter, `${name} runOperation${ran ? ' (its callback had finished)' : ''}`);
             else h.step(`${name} answered ${r}`);
           } catch (error) {
             const text = error instanceof Error ? `${error.constructor.name}: ${error.message}` : String(error);
