@@ -501,6 +501,16 @@ async function runWithLock(h, c, op) {
   await checkGaveBack(h, c, 'withLock');
 }
 
+/**
+ * An operation that neither resolved nor rejected in SETTLE_MS. Told apart: one waiting on a
+ * release the adapter never answered (a lease already lost is given back without a bound).
+ */
+function stuck(h, adapter, what) {
+  const hung = adapter?.chaos?.log.find((e) => e.method === 'release' && e.fault === 'hang' && e.outcome === 'pending');
+  if (hung) h.violation('stuck-on-hung-release', `${what} never settled; its adapter never answered ${describeCall(hung)}`);
+  else h.violation('never-settled', `${what} neither resolved nor rejected in ${SETTLE_MS} ms`);
+}
+
 async function runOp(h, c, op) {
   if (op.kind === 'withLock') return runWithLock(h, c, op);
   const { asked } = shape(op.kind);
