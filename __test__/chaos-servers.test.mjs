@@ -21,7 +21,7 @@ import { startEtcd, startMongo, startPostgres, startRedis, testProxy } from './s
 const run = promisify(execFile);
 const ONE = process.env.LOCCO_CHAOS_SEED;
 const HISTORIES = Number(process.env.LOCCO_CHAOS_SERVER_RUNS ?? 6);
-const PARALLEL = 3;
+const PARALLEL = 6;
 
 /** The first `n` seeds whose plans are Locker histories (the mutex ones run on the map backend only). */
 function seeds(n) {
