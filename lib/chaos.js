@@ -83,15 +83,16 @@ function shown(value) {
  * The draw for a call depends only on the seed, the method, the key and how many calls of
  * that method on that key came before it, so the same calls get the same faults.
  *
- * Options: `seed` (an integer, required), `rates` (the chance of each fault per call,
- * default DEFAULT_RATES), `methods` (only calls of these methods are faulted), `advance` (moves the clock the backend and its Lockers share),
- * `now` (timestamps the log; default performance.now), `lateMs` (how late an answer to a
- * call without a ttl comes, default 1000 ms).
+ * Options: `seed` (an integer, required); `rates`, the chance of each fault per call (default
+ * DEFAULT_RATES); `methods`, the only methods whose calls are faulted (default all);
+ * `advance(ms)`, which moves the clock the backend and its Lockers share; `now`, the clock of
+ * the log (default performance.now); `lateMs`, how late the answer to a call without a ttl
+ * comes (default 1000 ms).
  *
  * The adapter has the methods `inner` has, and a `chaos` property: `log` (every call, its
- * fault, outcome and whether the backend granted the key), `dropped` (the leases an ended session dropped), `quiet` (set true to
- * stop injecting), `threw(error)` (whether this adapter threw that error), `settleHung()`
- * (the calls that never answered fail now) and `history()`.
+ * fault, its outcome and whether the backend granted the key), `dropped` (the leases an ended
+ * session dropped), `quiet` (set it to stop injecting), `threw(error)` (whether this adapter
+ * threw that error), `settleHung()` (the calls that never answered fail now) and `history()`.
  */
 function chaosAdapter(inner, options) {
   if (inner === null || typeof inner !== 'object') throw new TypeError('chaosAdapter: pass the adapter to wrap');
