@@ -208,7 +208,11 @@ export interface LockerOptions {
   onEvent?: (event: LockEvent) => void;
   /** A monotonic clock in ms. Default: the monotonic clock plus pauses the wall clock saw. */
   now?: () => number;
-  /** The value stored under a key. Default: 16 random bytes as hex. */
+  /**
+   * The value stored under a key. Default: 16 random bytes as hex. A token that starts with
+   * `locco:reserved|` or contains `|locco:` (the marks of stored values) is refused with a
+   * ValidationError naming `token`.
+   */
   token?: () => string;
   /** Take a fencing token with every acquisition, as lock.fence. */
   fencing?: boolean;
@@ -367,7 +371,8 @@ export declare class Locker {
   tryAcquireWrite(key: string, options: TryReadWriteOptions): Promise<Lock | null>;
   /**
    * Releases every lock this Locker still holds (their heartbeats end with them) and frees it.
-   * Acquisitions afterwards reject with LockStateError. Calling it again is harmless.
+   * Acquisitions still waiting, and any made afterwards, reject with LockStateError; a grant
+   * that arrives after it is given back. Calling it again is harmless.
    *
    * @example
    * ```ts

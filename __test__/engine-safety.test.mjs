@@ -59,6 +59,28 @@ describe('a token per attempt', () => {
   });
 });
 
+describe('a custom token', () => {
+  it("is refused when it carries the library's marks: ValidationError naming token", async () => {
+    // A reservation of the Redis fair queue, its "held while someone waits" mark, the label mark.
+    for (const bad of ['locco:reserved|w1', 'abc|locco:waited', 'abc|locco:holder=me', '']) {
+      const adapter = new InMemoryAdapter();
+      const locker = new Locker({ adapter, token: () => bad });
+      for (const call of [
+        () => locker.acquire('k', { ttl: 1000 }),
+        () => locker.tryAcquire('k', { ttl: 1000 }),
+        () => locker.acquirePermit('k', { ttl: 1000, limit: 2 }),
+      ]) {
+        const err = await call().catch((e) => e);
+        assert.ok(err instanceof ValidationError, `${JSON.stringify(bad)}: ${err}`);
+        assert.equal(err.field, 'token');
+      }
+      assert.equal((await locker.list()).length, 0, 'a key was taken under a refused token');
+    }
+    const fine = new Locker({ adapter: new InMemoryAdapter(), token: () => 'host-7|pid-42|locco' });
+    await (await fine.acquire('k', { ttl: 1000 })).release();
+  });
+});
+
 describe('honest failures', () => {
   let redis;
   before(async () => {

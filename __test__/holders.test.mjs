@@ -10,6 +10,7 @@ import { after, before, describe, it } from 'node:test';
 import { Locker, LockHeldError, ValidationError } from 'locco-rs';
 import { HOLDER_BACKENDS, adapterFor } from './support/holder-backends.mjs';
 import { sleep } from './support/adapters.mjs';
+import { MapAdapter } from './support/map-adapter.mjs';
 
 const CHILD = fileURLToPath(new URL('./support/holder-child.mjs', import.meta.url));
 const node = process.execPath;
@@ -165,6 +166,29 @@ for (const backend of HOLDER_BACKENDS) {
       await wl.release();
     });
 
+    // In process only: over a network on a busy machine, a 50 ms lease is too short for the
+    // backend's answers themselves (a timeout, not this rule).
+    it('a permit or write waiter with a ttl below 100 ms keeps its place until there is room', { skip: !backend.inProcess }, async () => {
+      const k = key();
+      const [a, b] = [locker(), locker()];
+      const permit = await a.acquirePermit(k, { limit: 1, ttl: 60_000 });
+      const reader = await a.acquireRead(k, { ttl: 60_000, maxReaders: 4 });
+      const retry = { retries: 100_000, delay: 10, timeout: 15_000 };
+      const outcomes = Promise.allSettled([
+        b.acquirePermit(k, { limit: 1, ttl: 50, retry }),
+        b.acquireWrite(k, { ttl: 50, maxReaders: 4, retry }),
+      ]);
+      // Several of the waiters' leases long: each had to keep its turn or its write key.
+      await sleep(500);
+      await Promise.all([permit.release(), reader.release()]);
+      const [p, w] = await outcomes;
+      assert.equal(p.status, 'fulfilled', `the permit waiter failed: ${p.reason}`);
+      assert.equal(w.status, 'fulfilled', `the writer failed: ${w.reason}`);
+      assert.equal(p.value.key, `${k}:permit:0`);
+      assert.equal(w.value.key, `${k}:write`);
+      await Promise.all([p.value.release(), w.value.release()]);
+    });
+
     it('bad counts are refused with the field named', async () => {
       const l = locker();
       await assert.rejects(l.acquirePermit('x', { ttl: 1000 }), (e) => e instanceof ValidationError && e.field === 'limit');
@@ -202,3 +226,27 @@ for (const backend of HOLDER_BACKENDS) {
     }
   });
 }
+
+describe('a writer whose renewal fails once the readers left', () => {
+  it('acquireWrite rejects with the failure and gives the write key back', async () => {
+    const adapter = new MapAdapter();
+    const locker = new Locker({ adapter });
+    const reader = await locker.acquireRead('wf', { ttl: 60_000, maxReaders: 4 });
+    const writing = locker.acquireWrite('wf', { ttl: 60_000, maxReaders: 4, retry: PATIENT });
+    const outcome = writing.then(
+      (lock) => ({ lock }),
+      (error) => ({ error }),
+    );
+    await sleep(300); // it waited, so it renews its lease once alone: that renewal fails
+    const failure = new Error('connection reset');
+    adapter.extend = async () => {
+      throw failure;
+    };
+    await reader.release();
+    const { error } = await outcome;
+    assert.equal(error, failure);
+    const next = await locker.tryAcquireRead('wf', { ttl: 1000, maxReaders: 4 });
+    assert.ok(next, 'the write key was left held for the whole ttl');
+    await next.release();
+  });
+});

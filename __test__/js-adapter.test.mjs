@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { BackendError, Locker, ValidationError } from 'locco-rs';
+import { BackendError, Locker, LockHeldError, ValidationError } from 'locco-rs';
 import { MapAdapter, QueuedMapAdapter } from './support/map-adapter.mjs';
 import { sleep, until } from './support/adapters.mjs';
 
@@ -139,5 +139,68 @@ describe('a JavaScript adapter with the queue methods', () => {
     const held = await locker.acquire('k', { ttl: 1000 });
     await assert.rejects(locker.acquire('k', { ttl: 1000 }), /acquireQueued .* answered no \{ granted \}/);
     await held.release();
+  });
+});
+
+describe('a grant that arrives after its lease ended', () => {
+  /**
+   * A MapAdapter (on its own clock) whose request takes longer than the lease on the Locker's
+   * clock: the first `late` acquires move the Locker's injected clock past the lease before
+   * they answer "granted".
+   */
+  function slowGrants(late) {
+    let offset = 0;
+    const now = () => performance.now() + offset;
+    const adapter = new MapAdapter();
+    const grant = adapter.acquire.bind(adapter);
+    const releases = [];
+    const release = adapter.release.bind(adapter);
+    adapter.release = (input) => {
+      releases.push(input.token);
+      return release(input);
+    };
+    adapter.acquire = (input) => {
+      if (late-- > 0) offset += input.ttl * 2;
+      return grant(input);
+    };
+    return { adapter, now, releases };
+  }
+
+  it('tryAcquire gives the key back and throws LockHeldError with reason late-acquire', async () => {
+    const { adapter, now, releases } = slowGrants(1);
+    const events = [];
+    const locker = new Locker({ adapter, now, onEvent: (e) => events.push(e) });
+    const err = await locker.tryAcquire('late', { ttl: 1000 }).catch((e) => e);
+    assert.ok(err instanceof LockHeldError, String(err));
+    assert.equal(err.reason, 'late-acquire');
+    assert.deepEqual(
+      events.filter((e) => e.type === 'contended').map((e) => e.reason),
+      ['late'],
+    );
+    await until(() => releases.length > 0);
+    assert.equal(adapter.entries.size, 0, 'the late grant was not given back');
+  });
+
+  it('acquire emits contended with reason late and retries', async () => {
+    const { adapter, now } = slowGrants(1);
+    const events = [];
+    const locker = new Locker({ adapter, now, onEvent: (e) => events.push(e) });
+    const lock = await locker.acquire('late', { ttl: 1000, retry: { retries: 3, delay: 10 } });
+    assert.equal(lock.state, 'held');
+    const contended = events.filter((e) => e.type === 'contended');
+    assert.deepEqual(contended.map((e) => e.reason), ['late']);
+    assert.equal(events.find((e) => e.type === 'acquired').attempts, 2);
+    await until(() => adapter.entries.size === 1);
+    assert.equal(await adapter.isHeld({ key: 'late', token: lock.token }), true);
+    await lock.release();
+  });
+
+  it('an attempt that got no answer at all is still a BackendError timeout', async () => {
+    const { adapter, now } = slowGrants(1);
+    adapter.acquire = () => new Promise(() => {});
+    const locker = new Locker({ adapter, now });
+    const err = await locker.tryAcquire('silent', { ttl: 100 }).catch((e) => e);
+    assert.ok(err instanceof BackendError, String(err));
+    assert.equal(err.kind, 'timeout');
   });
 });

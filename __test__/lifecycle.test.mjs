@@ -4,9 +4,10 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
-import { Locker, ValidationError } from 'locco-rs';
+import { Locker, LockStateError, ValidationError } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
-import { ADAPTERS, sleep } from './support/adapters.mjs';
+import { ADAPTERS, sleep, until } from './support/adapters.mjs';
+import { MapAdapter } from './support/map-adapter.mjs';
 import { startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
 const ROOT = new URL('..', import.meta.url);
@@ -352,6 +353,61 @@ describe('native objects are freed', () => {
     const extendedBefore = events.filter((t) => t === 'extended').length;
     await sleep(800);
     assert.equal(events.filter((t) => t === 'extended').length, extendedBefore, 'no heartbeat after close');
+  });
+
+  it('Locker.close() ends acquisitions already waiting with LockStateError; they take nothing', async () => {
+    const adapter = new InMemoryAdapter();
+    const other = new Locker({ adapter, retry: { retries: 0 } });
+    const held = await other.acquire('c4', { ttl: 10_000 });
+    const read = await other.acquireRead('c5', { ttl: 10_000 });
+    const permit = await other.acquirePermit('c7', { limit: 1, ttl: 10_000 });
+    const locker = new Locker({ adapter });
+    const patient = { retries: 1000, delay: 20 };
+    const outcomes = Promise.allSettled([
+      locker.acquire('c4', { ttl: 10_000, retry: patient }),
+      locker.acquireWrite('c5', { ttl: 10_000, retry: patient }),
+      locker.acquireMany(['c6', 'c4'], { ttl: 10_000, retry: patient }),
+      locker.acquirePermit('c7', { limit: 1, ttl: 10_000, retry: patient }),
+    ]);
+    await sleep(100);
+    await locker.close();
+    // What they waited for comes free only now, after the Locker closed.
+    await Promise.all([held.release(), read.release(), permit.release()]);
+    for (const outcome of await outcomes) {
+      assert.equal(outcome.status, 'rejected', `resolved after close: ${outcome.value}`);
+      assert.ok(outcome.reason instanceof LockStateError, String(outcome.reason));
+    }
+    for (const k of ['c4', 'c6']) {
+      const l = await other.tryAcquire(k, { ttl: 1000 });
+      assert.ok(l, `${k} was left held`);
+      await l.release();
+    }
+    const w = await other.tryAcquireWrite('c5', { ttl: 1000 });
+    assert.ok(w, 'the write key or a read was left held');
+    await w.release();
+    const p = await other.tryAcquirePermit('c7', { limit: 1, ttl: 1000 });
+    assert.ok(p, 'the permit or the turn was left held');
+    await p.release();
+  });
+
+  it('a grant that arrives after Locker.close() is given back, and the acquisition rejects', async () => {
+    const adapter = new MapAdapter();
+    const grant = adapter.acquire.bind(adapter);
+    let answer;
+    adapter.acquire = (input) => new Promise((resolve) => (answer = () => resolve(grant(input))));
+    const locker = new Locker({ adapter });
+    const acquiring = locker.acquire('c8', { ttl: 10_000 });
+    const outcome = acquiring.then(
+      (lock) => ({ lock }),
+      (error) => ({ error }),
+    );
+    await until(() => answer !== undefined);
+    await locker.close();
+    answer();
+    const { lock, error } = await outcome;
+    assert.equal(lock, undefined, `a ${lock?.state} Lock came back from a closed Locker`);
+    assert.ok(error instanceof LockStateError, String(error));
+    await until(() => adapter.entries.size === 0);
   });
 
   it('await using closes a Locker', async () => {

@@ -383,7 +383,8 @@ class Locker {
 
   /**
    * Releases every lock this Locker still holds (their heartbeats end with them) and frees
-   * it: acquisitions afterwards fail with LockStateError. Calling it again is harmless.
+   * it: acquisitions still waiting, and any made afterwards, fail with LockStateError (a grant
+   * that arrives after it is given back). Calling it again is harmless.
    */
   close() {
     if (this._closed === undefined) {

@@ -23,8 +23,9 @@ pub fn drop_locker(locker_id: f64) {
     drop(gone);
 }
 
-/// Closes a Locker: it takes no more locks, and every lock it still holds is released (which
-/// also ends its heartbeat). Answers how many were released.
+/// Closes a Locker: it takes no more locks (acquisitions still waiting end with a state error),
+/// and every lock it still holds is released (which also ends its heartbeat). Answers how many
+/// were released.
 #[napi(catch_unwind)]
 pub fn close_locker(locker_id: f64, op_id: f64) -> Raw {
     let owner = locker_id as u64;
@@ -45,7 +46,9 @@ pub fn close_locker(locker_id: f64, op_id: f64) -> Raw {
         );
         (gone, held)
     });
-    drop(gone);
+    if let Some(locker) = gone {
+        locker.close();
+    }
     ops::run(op_id, async move {
         let mut released = 0.0;
         let mut failure = None;

@@ -23,7 +23,9 @@ pub use backend::redis;
 #[cfg(feature = "redis")]
 pub use backend::redlock;
 
-pub use backend::holder::{holder_of, labelled, validate_holder, HOLDER_MARK, MAX_HOLDER_BYTES};
+pub use backend::holder::{
+    holder_of, labelled, validate_holder, validate_token, HOLDER_MARK, MAX_HOLDER_BYTES,
+};
 pub use backend::memory::MemoryBackend;
 pub use backend::queue::WakeBoard;
 #[cfg(any(

@@ -39,6 +39,29 @@ struct Gated {
     session_gone: Rc<Gate>,
     /// Answers `Queue::joins_on_first_try` (as a queue in this process does).
     joins_first: Cell<bool>,
+    /// The next `jumps` grant requests move this clock on by `jump_by` while they are on their
+    /// way, and answer a turn later (a request that took longer than its lease).
+    jump_clock: RefCell<Option<Rc<ManualClock>>>,
+    jump_by: Cell<f64>,
+    jumps: Cell<u32>,
+}
+
+/// Pending once, having woken itself: an answer that comes a turn after the request.
+struct NextTurn(bool);
+
+impl std::future::Future for NextTurn {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
 }
 
 #[derive(Default)]
@@ -87,6 +110,9 @@ impl Gated {
             batches: RefCell::default(),
             session_gone: Rc::default(),
             joins_first: Cell::new(false),
+            jump_clock: RefCell::default(),
+            jump_by: Cell::new(0.0),
+            jumps: Cell::new(0),
         }
     }
 
@@ -98,6 +124,17 @@ impl Gated {
         self.calls.borrow_mut().push(verb);
         if self.fail.get() {
             return Op::ready(Err(injected()));
+        }
+        if verb == "acquire" && self.jumps.get() > 0 {
+            self.jumps.set(self.jumps.get() - 1);
+            if let Some(clock) = &*self.jump_clock.borrow() {
+                clock.advance(self.jump_by.get());
+            }
+            let answer = run();
+            return Op::pending(async move {
+                NextTurn(false).await;
+                answer.await
+            });
         }
         let holding = self.hold.get()
             && self.hold_next.get() != Some(0)
@@ -1059,6 +1096,56 @@ fn a_grant_and_an_abort_in_the_same_turn_end_aborted_and_given_back() {
     assert!(h.backend.inner.is_empty());
 }
 
+fn is_closed_error(result: Result<Lock>) -> bool {
+    matches!(result, Err(Error::State(ref m)) if m.contains("closed"))
+}
+
+#[test]
+fn close_ends_waiting_acquisitions_and_gives_back_a_grant_in_flight() {
+    let mut h = Harness::new();
+    let holder = h.acquire("k", AcquireOptions::new(10_000));
+    let waiting = h.spawn_acquire(
+        "k",
+        AcquireOptions::new(1000).with_retry(retries(1000, 50.0)),
+    );
+    h.pool.run_until_stalled();
+    // A grant applied by the backend whose answer is still on its way back.
+    h.backend.apply_early.set(true);
+    h.hold_answers();
+    let in_flight = h.spawn_acquire("j", AcquireOptions::new(1000));
+    h.pool.run_until_stalled();
+    assert_eq!(h.backend.inner.len(), 2, "k held, j granted in the backend");
+    h.locker.close();
+    // Both end at once, before any clock moves: nobody waits out a retry or a lease.
+    h.pool.run_until_stalled();
+    let mut waiting = waiting;
+    let mut in_flight = in_flight;
+    let waited = h
+        .pool
+        .run_until(futures_util::future::poll_immediate(&mut waiting));
+    let flew = h
+        .pool
+        .run_until(futures_util::future::poll_immediate(&mut in_flight));
+    assert!(
+        waited.is_some_and(is_closed_error),
+        "the waiting acquisition"
+    );
+    assert!(
+        flew.is_some_and(is_closed_error),
+        "the acquisition in flight"
+    );
+    h.let_answers_through();
+    h.backend.apply_early.set(false);
+    assert!(h.pool.run_until(holder.release(true)).unwrap());
+    h.run_to(1200.0);
+    assert!(h.backend.inner.is_empty(), "a grant after close was kept");
+    let locker = h.locker.clone();
+    let later = h
+        .pool
+        .run_until(async move { locker.acquire("m", AcquireOptions::new(1000), None).await });
+    assert!(is_closed_error(later), "an acquisition after close");
+}
+
 #[test]
 fn an_abort_while_acquire_many_refreshes_its_leases_gives_every_lock_back() {
     let mut h = Harness::new();
@@ -1558,4 +1645,73 @@ fn a_slow_holder_read_does_not_hold_the_error_back_by_more_than_250_ms() {
         at - started
     );
     assert_eq!(h.backend.count("inspect"), 1);
+}
+
+#[test]
+fn a_custom_token_with_the_stored_values_marks_is_refused() {
+    for bad in [
+        "locco:reserved|w1",
+        "abc|locco:waited",
+        "abc|locco:holder=me",
+        "",
+    ] {
+        let mut h = Harness::with(move |o| o.token = Some(Rc::new(move || Ok(bad.to_owned()))));
+        let locker = h.locker.clone();
+        let got = h
+            .pool
+            .run_until(async move { locker.acquire("k", AcquireOptions::new(1000), None).await });
+        match got {
+            Err(Error::Validation { field, .. }) => assert_eq!(field, "token", "{bad:?}"),
+            other => panic!("{bad:?}: expected a ValidationError, got {other:?}"),
+        }
+        assert!(h.backend.inner.is_empty(), "{bad:?} was sent");
+    }
+    let mut h = Harness::with(|o| o.token = Some(Rc::new(|| Ok("host-7|pid-42".to_owned()))));
+    let lock = h.acquire("k", AcquireOptions::new(1000));
+    assert_eq!(lock.token(), "host-7|pid-42");
+}
+
+#[test]
+fn a_grant_answered_after_the_clock_passed_its_lease_in_flight_is_late_not_unanswered() {
+    let mut h = Harness::new();
+    *h.backend.jump_clock.borrow_mut() = Some(h.clock.clone());
+    h.backend.jump_by.set(250.0);
+    // tryAcquire: the grant is given back, and the error says late-acquire.
+    h.backend.jumps.set(1);
+    let locker = h.locker.clone();
+    let single = h
+        .pool
+        .run_until(async move { locker.try_acquire("k", AcquireOptions::new(100)).await });
+    match single {
+        Err(Error::Held { reason, .. }) => assert_eq!(reason, HeldReason::LateAcquire),
+        other => panic!("expected late-acquire, got {other:?}"),
+    }
+    assert_eq!(h.events(), ["contended:late"]);
+    assert_eq!(
+        h.backend.count("release"),
+        1,
+        "the late grant was not given back"
+    );
+    // acquire: `contended` with reason late, then a retry that wins.
+    h.backend.jumps.set(1);
+    let task = h.spawn_acquire("j", AcquireOptions::new(100).with_retry(retries(3, 10.0)));
+    h.run_to(h.clock.now() + 50.0);
+    let lock = h.pool.run_until(task).expect("the retry wins");
+    assert_eq!(lock.state(), LockState::Held);
+    assert_eq!(h.events(), ["contended:late", "contended:late", "acquired"]);
+    // No answer at all is still a backend timeout.
+    h.hold_answers();
+    let locker = h.locker.clone();
+    let silent = h.pool.spawner().spawn_local_with_handle(async move {
+        locker.try_acquire("m", AcquireOptions::new(100)).await
+    });
+    let silent = silent.unwrap();
+    h.run_to(h.clock.now() + 200.0);
+    assert!(matches!(
+        h.pool.run_until(silent),
+        Err(Error::Backend {
+            kind: BackendErrorKind::Timeout,
+            ..
+        })
+    ));
 }

@@ -2,6 +2,7 @@
 //! holder's own, a waiting writer keeps new readers out, and a random run of readers, writers,
 //! releases and crashes never shows a writer beside anyone.
 
+use std::cell::Cell;
 use std::rc::Rc;
 
 use futures_executor::LocalPool;
@@ -16,9 +17,56 @@ impl Spawn for Spawner {
     }
 }
 
+/// The in-memory backend, with extensions that can be made to fail (a transient error).
+struct Flaky {
+    inner: Rc<MemoryBackend>,
+    fail_extend: Cell<bool>,
+}
+
+impl Backend for Flaky {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        self.inner.acquire(key, token, ttl)
+    }
+    fn release(&self, key: &str, token: &str) -> Op<bool> {
+        self.inner.release(key, token)
+    }
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
+        if self.fail_extend.get() {
+            return Op::ready(Err(Error::backend(
+                "flaky",
+                BackendErrorKind::Io,
+                "connection reset",
+            )));
+        }
+        self.inner.extend(key, token, ttl)
+    }
+    fn is_held(&self, key: &str, token: &str) -> Op<bool> {
+        self.inner.is_held(key, token)
+    }
+    fn supports_fencing(&self) -> bool {
+        true
+    }
+    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> Op<Option<u64>> {
+        self.inner.acquire_fenced(key, token, ttl)
+    }
+    fn queue(&self) -> Option<&dyn Queue> {
+        self.inner.queue()
+    }
+    fn inspect(&self, key: &str) -> Op<KeyInfo> {
+        self.inner.inspect(key)
+    }
+    fn force_release(&self, key: &str) -> Op<bool> {
+        self.inner.force_release(key)
+    }
+}
+
 struct Harness {
     pool: LocalPool,
     clock: Rc<ManualClock>,
+    backend: Rc<Flaky>,
     locker: Locker,
 }
 
@@ -26,7 +74,10 @@ impl Harness {
     fn new(fencing: bool) -> Self {
         let pool = LocalPool::new();
         let clock = ManualClock::new(1000.0);
-        let backend = Rc::new(MemoryBackend::new(clock.clone()));
+        let backend = Rc::new(Flaky {
+            inner: Rc::new(MemoryBackend::new(clock.clone())),
+            fail_extend: Cell::new(false),
+        });
         let rt = Runtime::system(Rc::new(Spawner(pool.spawner())))
             .with_clock(clock.clone())
             .with_timer(Rc::new(clock.clone()));
@@ -34,10 +85,11 @@ impl Harness {
             fencing,
             ..Default::default()
         };
-        let locker = Locker::new(backend, rt, options).unwrap();
+        let locker = Locker::new(backend.clone(), rt, options).unwrap();
         Harness {
             pool,
             clock,
+            backend,
             locker,
         }
     }
@@ -235,6 +287,134 @@ fn a_writer_that_cannot_drain_in_time_gives_the_write_key_back() {
         h.try_take(READ, 1_000).is_some(),
         "the write key was left held"
     );
+}
+
+#[test]
+fn a_writer_whose_renewal_fails_once_the_readers_left_gives_the_write_key_back() {
+    let mut h = Harness::new(false);
+    let reader = h.try_take(READ, 60_000).unwrap();
+    let writer = h.spawn_take(WRITE, patient(5_000));
+    h.run_to(1_500.0);
+    // The writer waited, so it renews its lease once the readers are gone: that fails.
+    h.backend.fail_extend.set(true);
+    assert!(h.release(&reader));
+    h.run_to(1_700.0);
+    match h.pool.run_until(writer) {
+        Err(Error::Backend { kind, .. }) => assert_eq!(kind, BackendErrorKind::Io),
+        other => panic!("expected the renewal's failure, got {other:?}"),
+    }
+    h.backend.fail_extend.set(false);
+    h.pool.run_until_stalled();
+    assert!(
+        h.try_take(READ, 1_000).is_some(),
+        "the write key was left held for the writer's whole ttl"
+    );
+}
+
+#[test]
+fn a_writer_dropped_while_it_waits_gives_the_write_key_back() {
+    let mut h = Harness::new(false);
+    let _reader = h.try_take(READ, 60_000).unwrap();
+    let writer = h.spawn_take(WRITE, patient(5_000));
+    h.run_to(1_500.0);
+    drop(writer); // the caller went away (a worker torn down, a process exiting)
+    h.run_to(1_700.0);
+    assert!(
+        h.try_take(READ, 1_000).is_some(),
+        "the write key was left held for the writer's whole ttl"
+    );
+}
+
+#[test]
+fn a_permit_waiter_dropped_while_it_waits_gives_its_turn_back() {
+    let mut h = Harness::new(false);
+    let held: Vec<Lock> = (0..3)
+        .map(|_| h.try_take(PERMITS, 60_000).unwrap())
+        .collect();
+    let waiter = h.spawn_take(PERMITS, patient(10_000));
+    h.run_to(1_500.0);
+    drop(waiter);
+    h.run_to(1_700.0);
+    assert!(h.release(&held[0]));
+    assert!(
+        h.try_take(PERMITS, 1_000).is_some(),
+        "the waiters' turn was left held: nobody may take the free permit"
+    );
+}
+
+#[test]
+fn a_permit_waiter_with_a_ttl_below_the_recheck_pause_keeps_its_turn() {
+    let mut h = Harness::new(false);
+    let held: Vec<Lock> = (0..3)
+        .map(|_| h.try_take(PERMITS, 60_000).unwrap())
+        .collect();
+    let waiter = h.spawn_take(PERMITS, patient(50));
+    h.run_to(1_600.0);
+    assert!(h.release(&held[1]));
+    h.run_to(1_700.0);
+    match h.pool.run_until(waiter) {
+        Ok(Some(lock)) => assert_eq!(lock.key(), held[1].key()),
+        other => panic!("expected the freed permit, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_writer_with_a_ttl_below_the_recheck_pause_keeps_its_write_key() {
+    let mut h = Harness::new(false);
+    let reader = h.try_take(READ, 60_000).unwrap();
+    let writer = h.spawn_take(WRITE, patient(50));
+    h.run_to(1_600.0);
+    assert!(
+        h.try_take(READ, 1_000).is_none(),
+        "a new reader got in past a waiting writer"
+    );
+    assert!(h.release(&reader));
+    h.run_to(1_700.0);
+    match h.pool.run_until(writer) {
+        Ok(Some(lock)) => assert_eq!(lock.key(), "r:write"),
+        other => panic!("expected the write, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_write_key_lost_while_waiting_is_taken_again_not_reported() {
+    let mut h = Harness::new(false);
+    let reader = h.try_take(READ, 60_000).unwrap();
+    let writer = h.spawn_take(WRITE, patient(400));
+    h.run_to(1_500.0);
+    // An operator (or a restart without persistence) takes the write key away.
+    let forced = h.backend.inner.force_release("r:write");
+    assert!(h.pool.run_until(forced).unwrap());
+    h.run_to(2_000.0);
+    assert!(
+        h.try_take(READ, 1_000).is_none(),
+        "the writer did not take its key again"
+    );
+    assert!(h.release(&reader));
+    h.run_to(2_200.0);
+    match h.pool.run_until(writer) {
+        Ok(Some(lock)) => assert_eq!(lock.state(), LockState::Held),
+        other => panic!("expected the write, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_turn_lost_while_waiting_is_taken_again_not_reported() {
+    let mut h = Harness::new(false);
+    let held: Vec<Lock> = (0..3)
+        .map(|_| h.try_take(PERMITS, 60_000).unwrap())
+        .collect();
+    let waiter = h.spawn_take(PERMITS, patient(400));
+    h.run_to(1_500.0);
+    let forced = h.backend.inner.force_release("r:turn");
+    assert!(h.pool.run_until(forced).unwrap());
+    h.run_to(2_000.0);
+    assert!(h.release(&held[2]));
+    h.run_to(2_200.0);
+    match h.pool.run_until(waiter) {
+        Ok(Some(lock)) => assert_eq!(lock.key(), held[2].key()),
+        other => panic!("expected the freed permit, got {other:?}"),
+    }
 }
 
 #[test]

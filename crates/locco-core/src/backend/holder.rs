@@ -20,7 +20,31 @@ pub const HOLDER_MARK: &str = "|locco:holder=";
 /// The longest label, in bytes.
 pub const MAX_HOLDER_BYTES: usize = 256;
 /// After the value of a Redis key held while someone waits (see the Redis backend).
-const WAITED_SUFFIX: &str = "|locco:waited";
+pub const WAITED_SUFFIX: &str = "|locco:waited";
+/// Starts the value of a Redis key promised to the head of its fair queue.
+pub const RESERVED_PREFIX: &str = "locco:reserved|";
+/// What every mark after a token starts with ([`HOLDER_MARK`], [`WAITED_SUFFIX`]).
+const MARK_START: &str = "|locco:";
+
+/// Checks a token from a custom token source: a non-empty string that cannot be read as one
+/// of the marks a stored value carries. One that started like a reservation would read as a
+/// place promised to a waiter; one carrying a mark would let the holder of its front part
+/// release it, or name a holder it never gave. The error names `token`.
+pub fn validate_token(token: &str) -> Result<()> {
+    if token.is_empty() {
+        return Err(Error::validation("token", "must be a non-empty string"));
+    }
+    if token.starts_with(RESERVED_PREFIX) || token.contains(MARK_START) {
+        return Err(Error::validation(
+            "token",
+            format!(
+                "must not start with {RESERVED_PREFIX:?} nor contain {MARK_START:?}: those mark \
+                 the values the library stores, and a token carrying them would be read as one"
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// Checks a label: a non-empty string of at most [`MAX_HOLDER_BYTES`] bytes without `|` or
 /// control characters. The error names `holder`.
@@ -85,6 +109,23 @@ mod tests {
         assert_eq!(labelled("abc".into(), None), "abc");
         assert_eq!(holder_of("abc"), None);
         assert_eq!(holder_of("abc|locco:waited"), None);
+    }
+
+    #[test]
+    fn tokens_with_a_stored_values_marks_are_refused() {
+        for bad in [
+            "",
+            "locco:reserved|x",
+            "a|locco:waited",
+            "a|locco:holder=b",
+            "a|locco:x",
+        ] {
+            let e = validate_token(bad).unwrap_err();
+            assert!(matches!(e, Error::Validation { ref field, .. } if field == "token"));
+        }
+        for fine in ["abc", "a|b", "locco:reserved", "x|locco"] {
+            assert!(validate_token(fine).is_ok(), "{fine}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use futures_util::future::Either;
 use futures_util::FutureExt;
 
-use crate::backend::holder::labelled;
+use crate::backend::holder::{labelled, validate_token};
 use crate::backend::KeyInfo;
 use crate::backend::{Backend, Op, Waiter};
 use crate::engine::clock::checked_now;
@@ -161,6 +161,7 @@ impl Locker {
                 retry,
                 scheduler: Rc::default(),
                 renewals: Default::default(),
+                closed: Abort::new(),
             }),
         })
     }
@@ -219,11 +220,51 @@ impl Locker {
         self.shared.backend.force_release(&key).await
     }
 
+    /// Closes the Locker: acquisitions still waiting end with [`Error::State`], a grant still
+    /// in flight is given back when it arrives, and later acquisitions are refused. Locks
+    /// already held stay with their holders (release them). Calling it again does nothing.
+    pub fn close(&self) {
+        self.shared.closed.abort();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.is_aborted()
+    }
+
+    fn closed_error() -> Error {
+        Error::State("this Locker is closed: make a new one to take more locks".into())
+    }
+
+    /// What an acquisition watches to stop: the caller's abort, and the Locker's closing.
+    fn stop(&self, caller: Option<&Abort>) -> Abort {
+        let stop = Abort::new();
+        stop.follow(&self.shared.closed);
+        if let Some(caller) = caller {
+            stop.follow(caller);
+        }
+        stop
+    }
+
+    /// An acquisition's outcome once it stopped: stopped by the Locker's closing (and not by
+    /// the caller), it is the closed Locker's error.
+    fn stopped<T>(&self, caller: Option<&Abort>, outcome: Result<T>) -> Result<T> {
+        match outcome {
+            Err(Error::Aborted) if self.is_closed() && !caller.is_some_and(Abort::is_aborted) => {
+                Err(Self::closed_error())
+            }
+            outcome => outcome,
+        }
+    }
+
     /// A fresh token: every attempt sends its own, so a give-back of one attempt's grant can
     /// never delete the grant of another attempt of the same acquisition.
     fn token(&self) -> Result<String> {
         match &self.shared.options.token {
-            Some(make) => make(),
+            Some(make) => {
+                let token = make()?;
+                validate_token(&token)?;
+                Ok(token)
+            }
             None => Ok(random_token()),
         }
     }
@@ -249,7 +290,9 @@ impl Locker {
     ) -> Result<Lock> {
         options.validate()?;
         let key = self.prefixed(key.into())?;
-        self.acquire_key(key, &options, abort.as_ref()).await
+        let stop = self.stop(abort.as_ref());
+        let outcome = self.acquire_key(key, &options, Some(&stop)).await;
+        self.stopped(abort.as_ref(), outcome)
     }
 
     /// [`Self::acquire`] of a key already prefixed, with options already checked.
@@ -291,6 +334,9 @@ impl Locker {
         if abort.is_some_and(Abort::is_aborted) {
             return Err(Error::Aborted);
         }
+        if self.is_closed() {
+            return Err(Self::closed_error());
+        }
         // The token source is asked once, when the acquisition starts (a source may depend on
         // what runs then, as MutexManager's does).
         let first_token = self.token()?;
@@ -326,6 +372,18 @@ impl Locker {
     /// The rest of an acquisition that [`Self::begin_acquire`] could not finish: the first
     /// try's answer, then the attempts of the retry policy until one wins.
     pub async fn finish_acquire(
+        &self,
+        waiting: Waiting,
+        options: &AcquireOptions,
+        abort: Option<&Abort>,
+    ) -> Result<Lock> {
+        let stop = self.stop(abort);
+        let outcome = self.finish_waiting(waiting, options, Some(&stop)).await;
+        self.stopped(abort, outcome)
+    }
+
+    /// [`Self::finish_acquire`], stopped by `abort`.
+    async fn finish_waiting(
         &self,
         waiting: Waiting,
         options: &AcquireOptions,
@@ -664,6 +722,11 @@ impl Locker {
                 return Err(e);
             }
         };
+        // Closed while the grant was on its way: nobody may hold a lock of a closed Locker.
+        if self.is_closed() {
+            self.give_back_now(&key, &token);
+            return Err(Self::closed_error());
+        }
         let lock = self.make_lock(key, token, fence, sent_at, options);
         self.emit(|| Event::Acquired {
             key: lock.key(),
@@ -735,8 +798,16 @@ impl Locker {
     ) -> Result<Attempt> {
         let end = lease_end(sent_at, ttl);
         let limit = budget_end.map_or(end, |b| b.min(end));
+        // At least one tick from now: a limit that passed while the request was being sent
+        // (the call itself outlasted the lease, or the clock jumped) says nothing about whether
+        // an answer comes; one already on its way is then judged (late), not taken for none.
+        // (Read unchecked: a reading that is not a number is judged with the answer, whose
+        // grant is then given back; returning here would drop the request unanswered.)
+        let rt = &self.shared.rt;
+        let now = rt.clock.now();
+        let limit = limit.max(now + MIN_WAIT_MS);
         // The answer, unless the limit passes (`Right(Left)`) or `abort` fires first.
-        let deadline = sleep_until(&*self.shared.rt.clock, &*self.shared.rt.timer, limit);
+        let deadline = sleep_until_from(&*rt.clock, &*rt.timer, limit, now);
         let answer = first(&mut op, first(deadline, aborted(abort))).await;
         self.judge(answer, op, key, token, end, abort)
     }
@@ -928,15 +999,26 @@ impl Locker {
     ) -> Result<Option<Lock>> {
         options.validate()?;
         let key = self.prefixed(key.into())?;
-        self.try_acquire_key(key, &options).await
+        let stop = self.stop(None);
+        let outcome = self.try_acquire_key(key, &options, &stop).await;
+        self.stopped(None, outcome)
     }
 
-    async fn try_acquire_key(&self, key: String, options: &AcquireOptions) -> Result<Option<Lock>> {
+    /// [`Self::try_acquire`] of a key already prefixed; `stop` ends a wait for the answer.
+    async fn try_acquire_key(
+        &self,
+        key: String,
+        options: &AcquireOptions,
+        stop: &Abort,
+    ) -> Result<Option<Lock>> {
         let start = self.now()?;
+        if self.is_closed() {
+            return Err(Self::closed_error());
+        }
         let token = labelled(self.token()?, options.holder.as_deref());
         let ttl = first_ttl(options);
         match self
-            .attempt(&key, &token, ttl, start, None, None, None)
+            .attempt(&key, &token, ttl, start, None, Some(stop), None)
             .await?
         {
             Attempt::Won { fence, at } => self
@@ -990,6 +1072,8 @@ impl Locker {
             .collect::<Result<_>>()?;
         full.sort();
         full.dedup();
+        let caller = abort;
+        let abort = Some(self.stop(caller.as_ref()));
         let start = self.now()?;
         let mut locks: Vec<Lock> = Vec::with_capacity(full.len());
         let outcome = async {
@@ -1012,7 +1096,7 @@ impl Locker {
             Ok(())
         }
         .await;
-        match outcome {
+        match self.stopped(caller.as_ref(), outcome) {
             Ok(()) => Ok(locks),
             Err(e) => {
                 for lock in locks {

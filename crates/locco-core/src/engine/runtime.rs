@@ -3,7 +3,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 
 use crate::engine::clock::{Clock, LeaseClock};
@@ -47,6 +47,22 @@ pub struct Abort(Rc<AbortState>);
 struct AbortState {
     aborted: Cell<bool>,
     wakers: RefCell<Vec<Waker>>,
+    /// Aborts that fire with this one (see [`Abort::follow`]); weak, so that one that is
+    /// done with costs a slot until the next pruning, not its state.
+    followers: RefCell<Vec<Weak<AbortState>>>,
+}
+
+impl AbortState {
+    fn abort(&self) {
+        if !self.aborted.replace(true) {
+            let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+            wakers.into_iter().for_each(Waker::wake);
+            let followers = std::mem::take(&mut *self.followers.borrow_mut());
+            for f in followers.iter().filter_map(Weak::upgrade) {
+                f.abort();
+            }
+        }
+    }
 }
 
 impl Abort {
@@ -55,10 +71,22 @@ impl Abort {
     }
 
     pub fn abort(&self) {
-        if !self.0.aborted.replace(true) {
-            let wakers = std::mem::take(&mut *self.0.wakers.borrow_mut());
-            wakers.into_iter().for_each(Waker::wake);
+        self.0.abort();
+    }
+
+    /// Makes this abort fire when `leader` does too (at once if it already has): one abort
+    /// that an acquisition watches for every reason to stop.
+    pub fn follow(&self, leader: &Abort) {
+        if leader.is_aborted() {
+            self.abort();
+            return;
         }
+        let mut followers = leader.0.followers.borrow_mut();
+        // Pruned when full, so a long-lived leader keeps about as many slots as live followers.
+        if followers.len() == followers.capacity() {
+            followers.retain(|f| f.strong_count() > 0);
+        }
+        followers.push(Rc::downgrade(&self.0));
     }
 
     pub fn is_aborted(&self) -> bool {

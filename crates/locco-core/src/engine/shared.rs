@@ -7,7 +7,7 @@ use crate::backend::Backend;
 use crate::engine::options::LockerOptions;
 use crate::engine::renewals::Renewals;
 use crate::engine::retry::RetryPolicy;
-use crate::engine::runtime::Runtime;
+use crate::engine::runtime::{Abort, Runtime};
 use crate::engine::scheduler::Scheduler;
 
 pub(crate) struct Shared {
@@ -17,4 +17,6 @@ pub(crate) struct Shared {
     pub retry: RetryPolicy,
     pub scheduler: Rc<Scheduler>,
     pub renewals: Renewals,
+    /// Fired by `Locker::close`: every acquisition still going stops, and takes nothing.
+    pub closed: Abort,
 }

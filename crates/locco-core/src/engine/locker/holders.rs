@@ -91,6 +91,142 @@ enum Reached {
     Permit(Lock),
 }
 
+/// A gate key held while its holder waits (the write key, the waiters' turn). Every way out
+/// gives it back (a failure, an abort, the caller dropping the acquisition), unless
+/// [`Gate::keep`] hands the lock over: left behind, it would shut every reader and writer
+/// (or every later waiter) out for its whole lease.
+struct Gate {
+    locker: Locker,
+    /// The gate key, and what it is taken (and taken again) with.
+    key: String,
+    options: AcquireOptions,
+    /// The key a failure to take it names: the caller's, for a key the caller never asked for.
+    named: String,
+    lock: Option<Lock>,
+}
+
+impl Gate {
+    fn new(locker: &Locker, lock: Lock, options: &AcquireOptions, named: &str) -> Self {
+        Gate {
+            locker: locker.clone(),
+            key: lock.key().to_owned(),
+            options: options.clone(),
+            named: named.to_owned(),
+            lock: Some(lock),
+        }
+    }
+
+    /// Takes `key`, in its fair queue where the backend keeps one, within what is left of the
+    /// budget of the acquisition that started at `start`.
+    async fn take(
+        locker: &Locker,
+        key: String,
+        options: &AcquireOptions,
+        named: &str,
+        abort: Option<&Abort>,
+        start: f64,
+    ) -> Result<Self> {
+        let mut gate = Gate {
+            locker: locker.clone(),
+            key,
+            options: options.clone(),
+            named: named.to_owned(),
+            lock: None,
+        };
+        gate.retake(abort, start).await?;
+        Ok(gate)
+    }
+
+    fn lock(&self) -> &Lock {
+        self.lock
+            .as_ref()
+            .expect("a gate holds its lock until it is kept or given back")
+    }
+
+    /// Whether its lease still runs.
+    fn held(&self) -> bool {
+        self.lock
+            .as_ref()
+            .is_some_and(|l| l.state() == LockState::Held)
+    }
+
+    /// Renews the lease when less than half of it is left. A lease lost meanwhile, or a
+    /// renewal that failed on the way, leaves the key to be taken again at the next try.
+    async fn renew(&self) -> Result<()> {
+        let Some(lock) = self.lock.as_ref().filter(|_| self.held()) else {
+            return Ok(());
+        };
+        let ttl = self.options.ttl;
+        if lock.lease_end() - self.locker.now()? >= ttl as f64 / 2.0 {
+            return Ok(());
+        }
+        match lock.extend(ttl).await {
+            Err(e) if !e.is_lost() && !is_transient(&e) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes the key again after its lease was lost: back in the queue, within the budget.
+    async fn retake(&mut self, abort: Option<&Abort>, start: f64) -> Result<()> {
+        if let Some(lost) = self.lock.take() {
+            // Its lease may still run on the backend, whose clock is not ours.
+            self.locker.shared.rt.spawner.spawn(Box::pin(async move {
+                let _ = lost.release(true).await;
+            }));
+        }
+        let locker = &self.locker;
+        let mut options = self.options.clone();
+        if let Some(t) = options.retry.timeout {
+            options.retry.timeout = Some((start + t - locker.now()?).max(0.0));
+        }
+        let lock = locker
+            .acquire_key(self.key.clone(), &options, abort)
+            .await
+            .map_err(|e| match e {
+                Error::Held {
+                    attempts,
+                    elapsed_ms,
+                    reason,
+                    ..
+                } => Error::Held {
+                    key: self.named.clone(),
+                    attempts,
+                    elapsed_ms,
+                    reason,
+                    holder: None,
+                },
+                other => other,
+            })?;
+        self.lock = Some(lock);
+        Ok(())
+    }
+
+    /// The lock, for the caller to hold: no longer given back.
+    fn keep(mut self) -> Lock {
+        self.lock.take().expect("kept once")
+    }
+
+    /// Gives the key back and waits for the answer (bounded by the lease), so that the key is
+    /// free (or its lease over) when the caller hears the outcome.
+    async fn give_back(mut self) {
+        if let Some(lock) = self.lock.take() {
+            let _ = lock.release(true).await;
+        }
+    }
+}
+
+impl Drop for Gate {
+    /// A way out that did not give the key back (an early return, a dropped future): the
+    /// release goes out as a task of its own, since nothing can be awaited here.
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            self.locker.shared.rt.spawner.spawn(Box::pin(async move {
+                let _ = lock.release(true).await;
+            }));
+        }
+    }
+}
+
 /// The retry budget of one acquisition that makes several kinds of tries: counts attempts,
 /// emits `contended`, and waits before the next try; the error when the budget is spent.
 struct Turns<'a> {
@@ -226,29 +362,44 @@ impl Locker {
     ) -> Result<Option<Lock>> {
         options.validate()?;
         let key = self.full_key(key)?;
-        let abort = abort.as_ref();
+        if self.is_closed() {
+            return Err(Self::closed_error());
+        }
+        let stop = self.stop(abort.as_ref());
+        let outcome = self.take_holder(&key, holders, &options, &stop, once).await;
+        self.stopped(abort.as_ref(), outcome)
+    }
+
+    /// [`Self::acquire_holder`] of a key already prefixed, stopped by `stop`.
+    async fn take_holder(
+        &self,
+        key: &str,
+        holders: Holders,
+        options: &AcquireOptions,
+        stop: &Abort,
+        once: bool,
+    ) -> Result<Option<Lock>> {
+        let (abort, options) = (Some(stop), options);
         let slots = |n: u32, name: fn(&str, u32) -> String| -> Result<Vec<String>> {
-            let slots: Vec<String> = (0..n).map(|i| name(&key, i)).collect();
+            let slots: Vec<String> = (0..n).map(|i| name(key, i)).collect();
             validate_key(&slots[slots.len() - 1])?;
             Ok(slots)
         };
         match holders {
             Holders::Permit { limit } => {
                 let slots = slots(limit, permit_key)?;
-                self.take_a_permit(&key, &slots, &options, abort, once)
-                    .await
+                self.take_a_permit(key, &slots, options, abort, once).await
             }
             Holders::Read { max_readers } => {
                 let slots = slots(max_readers, read_key)?;
-                let gate = write_key(&key);
+                let gate = write_key(key);
                 let start = self.now()?;
-                self.take_a_slot(&key, &slots, Some(&gate), &options, abort, once, start)
+                self.take_a_slot(key, &slots, Some(&gate), options, abort, once, start)
                     .await
             }
             Holders::Write { max_readers } => {
                 let slots = slots(max_readers, read_key)?;
-                self.take_the_write(&key, &slots, &options, abort, once)
-                    .await
+                self.take_the_write(key, &slots, options, abort, once).await
             }
         }
     }
@@ -355,29 +506,11 @@ impl Locker {
         let mut turn_options = options.clone();
         turn_options.auto_extend = None;
         turn_options.ttl = options.ttl.min(QUEUE_LEASE_MS);
-        let held = self
-            .acquire_key(turn, &turn_options, abort)
-            .await
-            .map_err(|e| match e {
-                Error::Held {
-                    attempts,
-                    elapsed_ms,
-                    reason,
-                    ..
-                } => Error::Held {
-                    key: key.to_owned(),
-                    attempts,
-                    elapsed_ms,
-                    reason,
-                    holder: None,
-                },
-                other => other,
-            })?;
+        let mut turn = Gate::take(self, turn, &turn_options, key, abort, start).await?;
         let outcome = self
             .wait_holding(
                 key,
-                &held,
-                turn_options.ttl,
+                &mut turn,
                 Goal::Permit(slots),
                 options,
                 abort,
@@ -385,8 +518,8 @@ impl Locker {
                 start,
             )
             .await;
-        // Bounded by the turn's lease: the next waiter's turn comes at once.
-        let _ = held.release(true).await;
+        // The next waiter's turn comes at once.
+        turn.give_back().await;
         match outcome? {
             Some(Reached::Permit(lock)) => Ok(Some(lock)),
             _ => Ok(None),
@@ -406,52 +539,56 @@ impl Locker {
         let start = self.now()?;
         let write = write_key(key);
         validate_key(&write)?;
-        let lock = if once {
-            match self.try_acquire_key(write, options).await? {
-                Some(lock) => lock,
+        let mut gate = if once {
+            let stop = abort.expect("an acquisition of a holder always has its stop");
+            match self.try_acquire_key(write, options, stop).await? {
+                Some(lock) => Gate::new(self, lock, options, key),
                 None => return Ok(None),
             }
         } else {
-            self.acquire_key(write, options, abort).await?
+            Gate::take(self, write, options, key, abort, start).await?
         };
-        let waited_from = self.now()?;
-        let outcome = self
-            .wait_holding(
-                key,
-                &lock,
-                options.ttl,
-                Goal::NoReaders(slots),
-                options,
-                abort,
-                once,
-                start,
-            )
-            .await;
-        match outcome {
-            Ok(Some(_)) => {
+        loop {
+            let outcome = async {
+                let waited_from = self.now()?;
+                let reached = self
+                    .wait_holding(
+                        key,
+                        &mut gate,
+                        Goal::NoReaders(slots),
+                        options,
+                        abort,
+                        once,
+                        start,
+                    )
+                    .await?;
                 // A writer that had to wait gets its whole ttl from the moment it is alone.
-                if self.now()? > waited_from + HOLDER_RECHECK_MS {
-                    lock.extend(options.ttl).await?;
+                if reached.is_some() && self.now()? > waited_from + HOLDER_RECHECK_MS {
+                    gate.lock().extend(options.ttl).await?;
                 }
-                Ok(Some(lock))
+                Ok::<_, Error>(reached.is_some())
             }
-            outcome => {
-                // Bounded by the lease, so the key is free (or its lease over) when we answer.
-                let _ = lock.release(true).await;
-                outcome.map(|_| None)
+            .await;
+            match outcome {
+                Ok(true) => return Ok(Some(gate.keep())),
+                // Lost just as the readers left: in the queue again, and a new look.
+                Err(e) if e.is_lost() && !once => continue,
+                outcome => {
+                    gate.give_back().await;
+                    return outcome.map(|_| None);
+                }
             }
         }
     }
 
-    /// Waits, within the acquisition's budget, for `goal` while holding `held` (the write
-    /// key, or the waiters' turn), whose lease is renewed meanwhile. `None` when `once` and
-    /// the goal is not reached at the first look.
+    /// Waits, within the acquisition's budget, for `goal` while holding `gate` (the write key,
+    /// or the waiters' turn): renewed before each pause, and taken again when its lease was
+    /// lost anyway. `None` when `once` and the goal is not reached at the first look.
     #[allow(clippy::too_many_arguments)]
     async fn wait_holding(
         &self,
         key: &str,
-        held: &Lock,
-        held_ttl: u32,
+        gate: &mut Gate,
         goal: Goal<'_>,
         options: &AcquireOptions,
         abort: Option<&Abort>,
@@ -459,16 +596,24 @@ impl Locker {
         start: f64,
     ) -> Result<Option<Reached>> {
         let mut turns = Turns::new(self, key, options, abort, start);
-        turns.max_pause = HOLDER_RECHECK_MS;
+        // A pause is at most a third of the gate's lease, so that a renewal before it (at half
+        // the lease) keeps the lease running through it.
+        turns.max_pause = HOLDER_RECHECK_MS.min(gate.options.ttl as f64 / 3.0);
         // Where the last look found a reader: most likely still there, so looked at first.
         let mut from = 0;
         loop {
             turns.next()?;
+            if !gate.held() {
+                if once {
+                    return Ok(None);
+                }
+                gate.retake(abort, start).await?;
+            }
             let reached = match goal {
-                Goal::NoReaders(slots) => self
-                    .no_readers(slots, &mut from, abort)
-                    .await?
-                    .then_some(Reached::NoReaders),
+                // Readers gone counts only while the write key still kept new ones out.
+                Goal::NoReaders(slots) => (self.no_readers(slots, &mut from, abort).await?
+                    && gate.held())
+                .then_some(Reached::NoReaders),
                 Goal::Permit(slots) => self
                     .take_a_slot(key, slots, None, options, abort, true, start)
                     .await?
@@ -477,10 +622,8 @@ impl Locker {
             if reached.is_some() || once {
                 return Ok(reached);
             }
+            gate.renew().await?;
             turns.missed().await?;
-            if held.lease_end() - self.now()? < held_ttl as f64 / 2.0 {
-                held.extend(held_ttl).await?;
-            }
         }
     }
 
