@@ -552,8 +552,11 @@ async function closeCaller(h, c) {
       () => {
         c.closeDone = true;
         h.step(`${c.name} close() resolved`);
+        // On a real server a release that close() sent may fail (its connection killed): the
+        // lock then truly still holds its lease until it runs out. Chaos adapters never fail
+        // a close's release for long, so there a held lock is a lock close() forgot.
         for (const e of c.entries) {
-          if (e.lock.state === 'held') h.violation('held-after-close', `${c.name}'s ${e.lock.key} reads held after close() resolved`);
+          if (e.lock.state === 'held' && h.grace === 0) h.violation('held-after-close', `${c.name}'s ${e.lock.key} reads held after close() resolved`);
         }
       },
       (error) => judge(h, c, 'close', error),
