@@ -20,7 +20,7 @@ const PARALLEL = 128;
 const BUDGET_MS = 30_000;
 
 /**
- * Rules whose breaking is a known defect of the engine, fixed elsewhere: each is reported (its
+ * Rules whose breaking is a known, open defect of the engine: each is reported (its
  * seeds, as a diagnostic) but does not fail the run. A rule, not seeds: whether a history
  * meets the defect depends on how busy the machine is.
  */

@@ -17,10 +17,13 @@ impl Spawn for Spawner {
     }
 }
 
-/// The in-memory backend, with extensions that can be made to fail (a transient error).
+/// The in-memory backend, with extensions that can be made to fail (a transient error), and
+/// looks at read slots that can be made slow (the clock moves on while one is answered).
 struct Flaky {
     inner: Rc<MemoryBackend>,
     fail_extend: Cell<bool>,
+    clock: Rc<ManualClock>,
+    read_takes_ms: Cell<f64>,
 }
 
 impl Backend for Flaky {
@@ -28,7 +31,11 @@ impl Backend for Flaky {
         "flaky"
     }
     fn acquire(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
-        self.inner.acquire(key, token, ttl)
+        let answer = self.inner.acquire(key, token, ttl);
+        if key.contains(":read:") {
+            self.clock.advance(self.read_takes_ms.get());
+        }
+        answer
     }
     fn release(&self, key: &str, token: &str) -> Op<bool> {
         self.inner.release(key, token)
@@ -77,6 +84,8 @@ impl Harness {
         let backend = Rc::new(Flaky {
             inner: Rc::new(MemoryBackend::new(clock.clone())),
             fail_extend: Cell::new(false),
+            clock: clock.clone(),
+            read_takes_ms: Cell::new(0.0),
         });
         let rt = Runtime::system(Rc::new(Spawner(pool.spawner())))
             .with_clock(clock.clone())
@@ -415,6 +424,31 @@ fn a_turn_lost_while_waiting_is_taken_again_not_reported() {
         Ok(Some(lock)) => assert_eq!(lock.key(), held[2].key()),
         other => panic!("expected the freed permit, got {other:?}"),
     }
+}
+
+#[test]
+fn a_write_key_lost_while_a_single_try_looks_at_the_readers_is_a_late_grant() {
+    let mut h = Harness::new(false);
+    // Each look at a read slot is answered 300 ms on: the write key's 100 ms lease runs out.
+    h.backend.read_takes_ms.set(300.0);
+    let locker = h.locker.clone();
+    let answer = h.pool.run_until(async move {
+        locker
+            .acquire_holder("r", WRITE, AcquireOptions::new(100), None, true)
+            .await
+    });
+    match answer {
+        Err(Error::Held {
+            reason: HeldReason::LateAcquire,
+            ..
+        }) => {}
+        other => panic!("expected a late grant (LockHeldError late-acquire), got {other:?}"),
+    }
+    h.backend.read_takes_ms.set(0.0);
+    assert!(
+        h.try_take(WRITE, 1_000).is_some(),
+        "the write key was not given back"
+    );
 }
 
 #[test]

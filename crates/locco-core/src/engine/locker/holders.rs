@@ -574,7 +574,21 @@ impl Locker {
                 // Lost just as the readers left: in the queue again, and a new look.
                 Err(e) if e.is_lost() && !once => continue,
                 outcome => {
+                    // A single try whose write key's lease ran out while it looked: the key was
+                    // granted too late to be used, as a plain try's late grant.
+                    let late = once
+                        && (matches!(&outcome, Err(e) if e.is_lost())
+                            || matches!(outcome, Ok(false)) && !gate.held());
                     gate.give_back().await;
+                    if late {
+                        return Err(Error::Held {
+                            key: key.to_owned(),
+                            attempts: 1,
+                            elapsed_ms: self.now()? - start,
+                            reason: HeldReason::LateAcquire,
+                            holder: None,
+                        });
+                    }
                     return outcome.map(|_| None);
                 }
             }
