@@ -1,8 +1,6 @@
 // adapter.checkSafety() and `locco-rs doctor`, against real servers started here: a deployment
 // that can break the locks is flagged unsafe, a correct one has no unsafe finding.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { MongoClient } from 'mongodb';
 
@@ -11,10 +9,9 @@ import { EtcdAdapter } from 'locco-rs/etcd';
 import { MongoAdapter } from 'locco-rs/mongo';
 import { PostgresAdapter } from 'locco-rs/postgres';
 import { RedisAdapter } from 'locco-rs/redis';
+import { runCli } from './support/run-node.mjs';
 import { startEtcd, startMongo, startPostgres, startRedis, startRedisCluster } from './support/servers.mjs';
 
-const root = new URL('..', import.meta.url).pathname;
-const bin = join(root, 'bin', 'locco-rs.js');
 const SAMPLE = { clockSampleMs: 300 };
 
 const ids = (findings, severity) => findings.filter((f) => f.severity === severity).map((f) => f.id);
@@ -29,22 +26,7 @@ function assertShape(findings) {
   }
 }
 
-/** Runs the CLI; settles with { code, stdout, stderr }. */
-function cli(args) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [bin, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
-    child.on('error', reject);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
-}
+const cli = (args) => runCli(args);
 
 describe('checkSafety on Redis', () => {
   let good;

@@ -2,29 +2,14 @@
 // ones as they are, the network ones against servers the test starts, their URL in the env var
 // the example documents.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
+import { runNode } from './support/run-node.mjs';
 import { startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
-const root = new URL('..', import.meta.url).pathname;
 
 /** Runs `node examples/<file>` from the repository root; answers { code, stdout, stderr }. */
-function runExample(file, env = {}) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [`examples/${file}`], { cwd: root, env: { ...process.env, ...env } });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
-    child.on('error', reject);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
-}
+const runExample = (file, env = {}) => runNode([`examples/${file}`], { env });
 
 async function expectRun(file, env, patterns) {
   const r = await runExample(file, env);

@@ -2,35 +2,19 @@
 // Redis, standalone and Cluster, against keys the application wrote: only a value this library
 // wrote as a lock is ever shown as held or removed; everything else is left as it was.
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
-import { join } from 'node:path';
+import { execFileSync } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
 import { Locker } from 'locco-rs';
 import { RedisAdapter } from 'locco-rs/redis';
+import { runCli } from './support/run-node.mjs';
 import { startRedis, startRedisCluster } from './support/servers.mjs';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 let n = 0;
 const unique = (name) => `operator:${name}:${process.pid}:${++n}`;
 
-const root = new URL('..', import.meta.url).pathname;
 
-/** `locco-rs <args>` in a child process: { code, stdout, stderr }. */
-function cli(args) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [join(root, 'bin', 'locco-rs.js'), ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
-    child.on('error', reject);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
-}
+const cli = (args) => runCli(args);
 
 /**
  * Keys an application wrote, each with a way to write it and to read it back whole (type,
