@@ -7,7 +7,6 @@ import { after, before, describe, it } from 'node:test';
 import { runNode } from './support/run-node.mjs';
 import { startMongo, startPostgres, startRedis } from './support/servers.mjs';
 
-
 /** Runs `node examples/<file>` from the repository root; answers { code, stdout, stderr }. */
 const runExample = (file, env = {}) => runNode([`examples/${file}`], { env });
 
