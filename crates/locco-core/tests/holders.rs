@@ -18,12 +18,14 @@ impl Spawn for Spawner {
 }
 
 /// The in-memory backend, with extensions that can be made to fail (a transient error), and
-/// looks at read slots that can be made slow (the clock moves on while one is answered).
+/// looks at read slots and releases that can be made slow (the clock moves on while one is
+/// answered).
 struct Flaky {
     inner: Rc<MemoryBackend>,
     fail_extend: Cell<bool>,
     clock: Rc<ManualClock>,
     read_takes_ms: Cell<f64>,
+    release_takes_ms: Cell<f64>,
 }
 
 impl Backend for Flaky {
@@ -38,6 +40,15 @@ impl Backend for Flaky {
         answer
     }
     fn release(&self, key: &str, token: &str) -> Op<bool> {
+        let takes = self.release_takes_ms.get();
+        if takes > 0.0 {
+            let answered = Timer::sleep(&self.clock, takes);
+            let (inner, key, token) = (self.inner.clone(), key.to_owned(), token.to_owned());
+            return Op::pending(async move {
+                answered.await;
+                inner.release(&key, &token).await
+            });
+        }
         self.inner.release(key, token)
     }
     fn extend(&self, key: &str, token: &str, ttl: u32) -> Op<bool> {
@@ -86,6 +97,7 @@ impl Harness {
             fail_extend: Cell::new(false),
             clock: clock.clone(),
             read_takes_ms: Cell::new(0.0),
+            release_takes_ms: Cell::new(0.0),
         });
         let rt = Runtime::system(Rc::new(Spawner(pool.spawner())))
             .with_clock(clock.clone())
@@ -449,6 +461,43 @@ fn a_write_key_lost_while_a_single_try_looks_at_the_readers_is_a_late_grant() {
         h.try_take(WRITE, 1_000).is_some(),
         "the write key was not given back"
     );
+}
+
+#[test]
+fn a_permit_taken_while_its_locker_closes_is_given_back_not_returned() {
+    let mut h = Harness::new(false);
+    let held: Vec<Lock> = (0..3)
+        .map(|_| h.try_take(PERMITS, 60_000).unwrap())
+        .collect();
+    let waiter = h.spawn_take(PERMITS, patient(1_000));
+    h.run_to(1_200.0);
+    // The waiter holds the turn; a permit frees, and the turn's give-back is slow.
+    h.backend.release_takes_ms.set(100.0);
+    let freed = held[0].key();
+    assert!(h
+        .pool
+        .run_until(h.backend.inner.force_release(&freed))
+        .unwrap());
+    let held_now = |h: &mut Harness| {
+        h.pool
+            .run_until(h.backend.inner.inspect(&freed))
+            .unwrap()
+            .held
+    };
+    let mut t = 1_200.0;
+    while !held_now(&mut h) {
+        t += 1.0;
+        assert!(t < 3_000.0, "the waiter never took the freed permit");
+        h.run_to(t);
+    }
+    // Taken, and still giving its turn back: the Locker closes now.
+    h.locker.close();
+    h.run_to(t + 300.0);
+    match h.pool.run_until(waiter) {
+        Err(Error::State(_)) => {}
+        other => panic!("a closed Locker handed out a permit: {other:?}"),
+    }
+    assert!(!held_now(&mut h), "the permit was not given back");
 }
 
 #[test]

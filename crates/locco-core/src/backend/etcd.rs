@@ -809,8 +809,10 @@ impl Inner {
                 )])
                 .or_else([TxnOp::get(k.clone(), None)]);
             let unsure = Unsure::new(self, key, token, None, &session);
+            let mut copies = 0u32;
             let sent = self
                 .bounded_while("a grant", Some(abandon), || {
+                    copies += 1;
                     let (mut kv, txn) = (kv.clone(), txn.clone());
                     async move { kv.txn(txn).await }
                 })
@@ -819,8 +821,10 @@ impl Inner {
                 Ok(resp) if resp.succeeded() => {
                     Some(resp.header().map(|h| h.revision()).unwrap_or(0))
                 }
-                // Held, unless an earlier copy of this grant was applied.
-                Ok(resp) => ours_in(resp.op_responses(), k.as_bytes(), token),
+                // Held, unless an earlier copy of this grant was applied. With one copy sent,
+                // our token under the key is an earlier grant's: acquire is not re-entrant.
+                Ok(resp) if copies > 1 => ours_in(resp.op_responses(), k.as_bytes(), token),
+                Ok(_) => None,
                 // Refused as a whole: nothing was written. The session is replaced once.
                 Err(f) if !replaced && lease_gone(&f) => {
                     unsure.settled();
@@ -1602,8 +1606,10 @@ impl Inner {
                 Some((waiter.to_owned(), lease, known)),
                 &session,
             );
+            let mut copies = 0u32;
             let sent = self
                 .bounded_while("a queued grant", Some(abandon), || {
+                    copies += 1;
                     let (mut kv, txn) = (kv.clone(), txn.clone());
                     async move { kv.txn(txn).await }
                 })
@@ -1623,7 +1629,9 @@ impl Inner {
             let id = (key.to_owned(), waiter.to_owned());
             let fence = match resp.succeeded() {
                 true => Some(resp.header().map(|h| h.revision()).unwrap_or(0)),
-                false => ours_in(resp.op_responses(), k.as_bytes(), token),
+                // As for a plain grant: only an earlier copy of this one counts as ours.
+                false if copies > 1 => ours_in(resp.op_responses(), k.as_bytes(), token),
+                false => None,
             };
             if let Some(fence) = fence {
                 self.places

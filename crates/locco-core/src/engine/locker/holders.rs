@@ -367,7 +367,15 @@ impl Locker {
         }
         let stop = self.stop(abort.as_ref());
         let outcome = self.take_holder(&key, holders, &options, &stop, once).await;
-        self.stopped(abort.as_ref(), outcome)
+        match self.stopped(abort.as_ref(), outcome) {
+            // Taken before the Locker closed, but still giving its turn back when it did: no
+            // lock of a closed Locker reaches its caller (close could not release it).
+            Ok(Some(lock)) if self.is_closed() => {
+                let _ = lock.release(true).await;
+                Err(Self::closed_error())
+            }
+            outcome => outcome,
+        }
     }
 
     /// [`Self::acquire_holder`] of a key already prefixed, stopped by `stop`.
