@@ -24,15 +24,7 @@ const BUDGET_MS = 30_000;
  * seeds, as a diagnostic) but does not fail the run. A rule, not seeds: whether a history
  * meets the defect depends on how busy the machine is.
  */
-const KNOWN = new Map([
-  [
-    'stuck-on-hung-release',
-    // Seeds 876, 1122, 1718 (and others on a busy machine): a lock already lost is released
-    // without a bound, so withLock, acquirePermit (its turn) and MutexManager.runOperation
-    // never settle when the adapter never answers that release.
-    'the release of a lease already lost is not bounded: an operation that waits for it never settles when the adapter never answers',
-  ],
-]);
+const KNOWN = new Map([]);
 
 describe('chaosAdapter', () => {
   it('draws the same faults for the same calls from the same seed, and others from another', async () => {

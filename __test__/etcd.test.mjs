@@ -306,7 +306,18 @@ describe('EtcdAdapter session lease', () => {
       const err = await locker.tryAcquire('k', { ttl: 1000 }).catch((e) => e);
       assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
       await sleep(2500); // the way back, the give-back, and anything else still due
-      assert.equal(await revision(), before, 'no write reached the server');
+      // The only write since: the attempt's refusal mark, which fences off any copy of it.
+      const prefix = Buffer.from('resent/');
+      const end = Buffer.from(prefix);
+      end[end.length - 1] += 1;
+      const written = await etcd.call(etcd.members[0], 'kv/range', {
+        key: prefix.toString('base64'),
+        range_end: end.toString('base64'),
+        min_mod_revision: String(Number(before) + 1),
+      });
+      const names = (written.kvs ?? []).map((kv) => Buffer.from(kv.key, 'base64').toString());
+      assert.ok(names.every((n) => n.startsWith('resent/\x01x/')), `written since: ${JSON.stringify(names)}`);
+      assert.ok(Number(await revision()) - Number(before) <= 1, 'no write but the refusal mark reached the server');
       assert.equal(await readKey(etcd, etcd.members[0], 'resent/k'), null);
     } finally {
       await proxy.close();

@@ -67,6 +67,14 @@ async function oneLostAmongMany({ locker, prefix, remove, counter }) {
 /** Renewals sent over the counting window: one per live lock per interval. */
 const RENEWALS = (COUNT - 1) * WINDOW;
 
+/**
+ * The most batches the engine can send over the window, however spread the acquisitions
+ * were: a tick takes along every tick due within 25 ms of it, so the next batch leaves at
+ * least 25 ms later, and a batch's locks stay together from then on. A loaded machine spreads
+ * 300 acquisitions over much of an interval, which comes near this bound.
+ */
+const MOST_BATCHES = WINDOW * (INTERVAL / 25 + 1);
+
 describe('Redis', () => {
   let redis;
   before(async () => {
@@ -200,7 +208,9 @@ describe('MongoDB', () => {
         counter: commands,
       });
       t.diagnostic(`${delta} requests served for ${RENEWALS} renewals`);
-      assert.ok(delta < RENEWALS / 10, `${delta} requests for ${RENEWALS} renewals`);
+      // Two requests a batch (updateMany, then a find for which locks it matched), and a few
+      // of the driver's own (its monitor's hello) and this test's serverStatus.
+      assert.ok(delta <= 2 * MOST_BATCHES + 12, `${delta} requests for ${RENEWALS} renewals`);
       const after = await writes();
       t.diagnostic(`bulkWrite ${after.bulkWrite - before.bulkWrite}, update ${after.update - before.update}`);
       // updateMany, not a bulkWrite of an update per lock (a transaction each, on secantusd-rs).

@@ -614,6 +614,39 @@ fn a_lease_that_runs_out_during_release_reports_lost_only() {
     assert_eq!(ends, ["lost:expired"]);
 }
 
+// The release of a lock already lost only tidies up: a backend that never answers it must not
+// hold the caller (withLock, a permit's turn, a MutexManager operation) for ever.
+#[test]
+fn the_release_of_a_lost_lock_waits_at_most_one_ttl() {
+    use futures_util::FutureExt;
+    let mut h = Harness::new();
+    let lock = h.acquire("k", AcquireOptions::new(100));
+    h.run_to(1100.0);
+    assert_eq!(lock.state(), LockState::Lost);
+    h.hold_answers();
+    let l2 = lock.clone();
+    let mut release = h
+        .pool
+        .spawner()
+        .spawn_local_with_handle(async move { l2.release(false).await })
+        .unwrap();
+    h.run_to(1150.0);
+    assert!(
+        (&mut release).now_or_never().is_none(),
+        "an answer that may still come is waited for a while"
+    );
+    h.run_to(1201.0);
+    let answer = (&mut release)
+        .now_or_never()
+        .expect("settled one ttl after it was sent");
+    assert!(
+        !answer.unwrap(),
+        "a lost lock's release deletes nothing of ours"
+    );
+    assert_eq!(lock.state(), LockState::Released);
+    assert_eq!(lock.lost_reason(), Some(LostReason::Expired));
+}
+
 #[test]
 fn release_then_release_again() {
     let mut h = Harness::new();

@@ -50,10 +50,14 @@
 //! holds our token; a queued attempt's copy does the same before it would put a place.
 //!
 //! A record whose answer is lost for good (the engine gave the attempt up, or the resends ran
-//! out) is tracked here until it is gone, by [`Unsure`]: a lock key is deleted by its token,
-//! again and again, until that is confirmed or its session ends; a place is kept as ours, and
-//! its timer deletes it once its waiter stops renewing it (3 s), again until confirmed. A
-//! release or a queue's leave that fails is carried on the same way in the background. So no
+//! out) is tracked here until it is gone, by [`Unsure`]. A copy of the request may still be on
+//! its way (a member that lost its leader can apply it seconds later), so first the attempt's
+//! refusal mark is put: every copy of an attempt requires its own mark absent, so none writes
+//! after that. Then a lock key is deleted by its token, again and again, until that is
+//! confirmed or its session ends; a place is kept as ours, and its timer deletes it once its
+//! waiter stops renewing it (3 s), again until confirmed. A release or a queue's leave that
+//! fails is carried on the same way in the background. The marks stay, a few bytes each, until
+//! the session ends: as long as a copy could still be applied. So no
 //! lock key outlives its TTL, and no place its lease, by more than the time to reach the new
 //! leader, while the process lives; when it dies, both go with the session lease.
 //!
@@ -473,6 +477,14 @@ impl Inner {
         format!("{}\u{1}q/{}\u{0}", self.options.prefix, key)
     }
 
+    /// An attempt's refusal mark, `<prefix>\x01x/<token>/<n>`: every copy of the attempt
+    /// requires it absent. Put once the attempt's answer is lost (see [`Unsure`]), so that a
+    /// copy still on its way cannot write after the clean-up looked.
+    fn refusal_key(&self, token: &str) -> String {
+        let n = self.generation.fetch_add(1, Ordering::Relaxed);
+        format!("{}\u{1}x/{}/{}", self.options.prefix, token, n)
+    }
+
     fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.options.request_timeout_ms)
     }
@@ -733,6 +745,27 @@ impl Inner {
         }
     }
 
+    /// Puts an attempt's refusal mark, again until that is confirmed or the session is lost:
+    /// from then on no copy of the attempt can write (a copy on a lost session's lease goes
+    /// with it). The mark is on the session's lease, so it lasts as long as a copy could.
+    async fn refuse(&self, refusal: &str, session: &Arc<Session>) {
+        while !session.is_lost() && !self.closed.load(Ordering::Acquire) {
+            let put = async {
+                let kv = self.client().await?.kv_client();
+                self.bounded("a refusal", || {
+                    let mut kv = kv.clone();
+                    let options = PutOptions::new().with_lease(session.id);
+                    async move { kv.put(refusal, "", Some(options)).await }
+                })
+                .await
+            };
+            if put.await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(SWEEP_PAUSE).await;
+        }
+    }
+
     /// [`Inner::sweep`] in the background.
     fn sweep_later(self: &Arc<Self>, key: &str, token: &str, session: Arc<Session>) {
         let (key, token) = (key.to_owned(), token.to_owned());
@@ -795,12 +828,14 @@ impl Inner {
             let kv = self.client().await?.kv_client();
             abandon.still_wanted("etcd")?;
             let k = self.key(key);
+            let refusal = self.refusal_key(token);
             // Free, and nobody waits in the key's queue (a try never takes a promised key).
             let txn = Txn::new()
                 .when([
                     Compare::create_revision(k.clone(), CompareOp::Equal, 0),
                     Compare::create_revision(self.queue_prefix(key), CompareOp::Equal, 0)
                         .with_prefix(),
+                    Compare::version(refusal.clone(), CompareOp::Equal, 0),
                 ])
                 .and_then([TxnOp::put(
                     k.clone(),
@@ -808,7 +843,7 @@ impl Inner {
                     Some(PutOptions::new().with_lease(session.id)),
                 )])
                 .or_else([TxnOp::get(k.clone(), None)]);
-            let unsure = Unsure::new(self, key, token, None, &session);
+            let unsure = Unsure::new(self, key, token, refusal, None, &session);
             let mut copies = 0u32;
             let sent = self
                 .bounded_while("a grant", Some(abandon), || {
@@ -1119,6 +1154,8 @@ struct Unsure {
     inner: Arc<Inner>,
     key: String,
     token: String,
+    /// The attempt's refusal mark ([`Inner::refusal_key`]).
+    refusal: String,
     /// The waiter, its place's lease in ms, and its rank when known.
     place: Option<(String, u32, Option<i64>)>,
     session: Arc<Session>,
@@ -1130,6 +1167,7 @@ impl Unsure {
         inner: &Arc<Inner>,
         key: &str,
         token: &str,
+        refusal: String,
         place: Option<(String, u32, Option<i64>)>,
         session: &Arc<Session>,
     ) -> Self {
@@ -1137,6 +1175,7 @@ impl Unsure {
             inner: inner.clone(),
             key: key.to_owned(),
             token: token.to_owned(),
+            refusal,
             place,
             session: session.clone(),
             settled: false,
@@ -1158,8 +1197,16 @@ impl Drop for Unsure {
             self.inner
                 .keep_place(&self.key, &waiter, rank, lease, self.session.clone());
         }
-        self.inner
-            .sweep_later(&self.key, &self.token, self.session.clone());
+        let (inner, session) = (self.inner.clone(), self.session.clone());
+        let (key, token) = (
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.token),
+        );
+        let refusal = std::mem::take(&mut self.refusal);
+        io::runtime().spawn(async move {
+            inner.refuse(&refusal, &session).await;
+            inner.sweep(key, token, session).await;
+        });
     }
 }
 
@@ -1565,6 +1612,7 @@ impl Inner {
                 token,
                 Some(PutOptions::new().with_lease(session.id)),
             );
+            let refusal = self.refusal_key(token);
             let txn = match known {
                 // In the queue: the head takes a free key.
                 Some(rank) => Txn::new()
@@ -1599,10 +1647,15 @@ impl Inner {
                             ]),
                     )]),
             };
+            // Every copy of this attempt needs its refusal mark absent (see [`Unsure`]).
+            let txn = Txn::new()
+                .when([Compare::version(refusal.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::txn(txn)]);
             let unsure = Unsure::new(
                 self,
                 key,
                 token,
+                refusal,
                 Some((waiter.to_owned(), lease, known)),
                 &session,
             );
@@ -1627,8 +1680,15 @@ impl Inner {
             };
             unsure.settled();
             let id = (key.to_owned(), waiter.to_owned());
-            let fence = match resp.succeeded() {
-                true => Some(resp.header().map(|h| h.revision()).unwrap_or(0)),
+            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            // The attempt's own answer, inside the refusal check (which a live attempt passes).
+            let granted = resp.succeeded()
+                && matches!(
+                    resp.op_responses().first(),
+                    Some(etcd_client::TxnOpResponse::Txn(t)) if t.succeeded()
+                );
+            let fence = match granted {
+                true => Some(revision),
                 // As for a plain grant: only an earlier copy of this one counts as ours.
                 false if copies > 1 => ours_in(resp.op_responses(), k.as_bytes(), token),
                 false => None,

@@ -196,14 +196,22 @@ impl Lock {
     /// The rest of a release whose answer [`Self::begin_release`] did not have.
     pub async fn finish_release(&self, sent: SentRelease, final_attempt: bool) -> Result<bool> {
         let SentRelease { op, was_held } = sent;
+        let inner = &self.0;
+        // Past the lease end the answer no longer matters: the key is free either way. A lease
+        // already lost leaves the release only tidying up, which waits one ttl at most: a
+        // backend that never answers must not hold up the caller for ever.
         let answer = if was_held {
-            // Past the lease end the answer no longer matters: the key is free either way.
-            match Box::pin(first(op, self.0.lease_over())).await {
+            match Box::pin(first(op, inner.lease_over())).await {
                 First::Left(r) => r,
                 First::Right(()) => Ok(false),
             }
         } else {
-            op.await
+            let rt = &inner.shared.rt;
+            let until = rt.clock.now() + f64::from(inner.ttl.get());
+            match Box::pin(first(op, sleep_until(&*rt.clock, &*rt.timer, until))).await {
+                First::Left(r) => r,
+                First::Right(()) => Ok(false),
+            }
         };
         self.released(answer, final_attempt)
     }
