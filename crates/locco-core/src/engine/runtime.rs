@@ -95,11 +95,17 @@ impl Abort {
 
     /// Resolves once [`Abort::abort`] was called.
     pub fn aborted(&self) -> impl Future<Output = ()> + '_ {
+        // One waker per wait, not one per poll: a wait polled many times (a contended
+        // acquisition) would otherwise grow the list, and the work, at every poll.
+        let mut registered: Option<Waker> = None;
         std::future::poll_fn(move |cx| {
             if self.0.aborted.get() {
                 return Poll::Ready(());
             }
-            self.0.wakers.borrow_mut().push(cx.waker().clone());
+            if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                self.0.wakers.borrow_mut().push(cx.waker().clone());
+                registered = Some(cx.waker().clone());
+            }
             Poll::Pending
         })
     }
@@ -110,5 +116,30 @@ pub(crate) async fn aborted(abort: Option<&Abort>) {
     match abort {
         Some(a) => a.aborted().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::pin;
+    use std::task::Context;
+
+    #[test]
+    fn a_wait_polled_many_times_keeps_one_waker() {
+        let abort = Abort::new();
+        let mut wait = pin!(abort.aborted());
+        struct Task;
+        impl std::task::Wake for Task {
+            fn wake(self: std::sync::Arc<Self>) {}
+        }
+        let waker = Waker::from(std::sync::Arc::new(Task));
+        let mut cx = Context::from_waker(&waker);
+        for _ in 0..1000 {
+            assert!(wait.as_mut().poll(&mut cx).is_pending());
+        }
+        assert_eq!(abort.0.wakers.borrow().len(), 1);
+        abort.abort();
+        assert!(wait.as_mut().poll(&mut cx).is_ready());
     }
 }
