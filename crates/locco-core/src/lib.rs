@@ -7,9 +7,26 @@
 //! The engine is single-threaded: its futures are `!Send` and run on one thread (in Node.js,
 //! the JavaScript thread). Timers come from one background thread ([`ThreadTimer`]) and I/O
 //! from the backends; everything else needs no locks.
+//!
+//! # Layers
+//!
+//! Four folders, each importing only the ones below it (`tests/layers.rs` checks it):
+//!
+//! ```text
+//! engine/    leases, the Locker, retries, heartbeats, permits    backend/   memory, Redis, …
+//!        \                                                     /
+//!         contract/   the Backend trait, Op, Queue, the stored value
+//!              |
+//!         rt/         errors, clock, timers, tasks, ids, event loop, runtime
+//! ```
+//!
+//! `engine` and `backend` never import each other: a backend knows the engine only as the
+//! caller of its contract, and the engine knows a backend only through it.
 
 mod backend;
+mod contract;
 mod engine;
+mod rt;
 
 // The backends with options of their own, at the paths the binding uses.
 #[cfg(feature = "etcd")]
@@ -23,11 +40,7 @@ pub use backend::redis;
 #[cfg(feature = "redis")]
 pub use backend::redlock;
 
-pub use backend::holder::{
-    holder_of, labelled, validate_holder, validate_token, HOLDER_MARK, MAX_HOLDER_BYTES,
-};
 pub use backend::memory::MemoryBackend;
-pub use backend::queue::WakeBoard;
 #[cfg(any(
     feature = "redis",
     feature = "postgres",
@@ -36,25 +49,30 @@ pub use backend::queue::WakeBoard;
 ))]
 pub use backend::safety;
 pub use backend::waiters::{LocalWaiters, LocalWakeups};
-pub use backend::{
+pub use backend::wake_board::WakeBoard;
+pub use contract::value::{
+    holder_of, labelled, validate_holder, validate_token, HOLDER_MARK, MAX_HOLDER_BYTES,
+};
+pub use contract::{
     extend_each, unsupported, Backend, Coordination, KeyInfo, Op, Queue, Queued, Renewal, Waiter,
+    MAX_TTL_MS,
 };
-pub use engine::clock::{
-    fresh_reading, monotonic_ms, monotonic_reading, one_reading, Clock, LeaseClock, MonotonicClock,
-    SystemSource, TimeSource,
-};
-pub use engine::error::{BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result};
-pub use engine::event_loop::{EventLoop, LoopActivity, SocketWatch, LOOP_ACTIVITY};
 pub use engine::events::{Event, EventSink, LossListener};
-pub use engine::ids::{IdHasher, IdMap};
-pub use engine::lock::{lease_end, Lock, LockState, Releasing, SentRelease, CLOCK_DRIFT_FACTOR};
+pub use engine::lock::{Lock, LockState, Releasing, SentRelease};
 pub use engine::locker::holders::{permit_key, read_key, write_key, Holders, MAX_HOLDERS};
 pub use engine::locker::{Begun, Locker, Waiting, QUEUE_LEASE_MS, QUEUE_RECHECK_MS};
 pub use engine::options::{
-    random_token, validate_key, validate_ttl, AcquireOptions, AutoExtend, LockerOptions,
-    TokenSource, MAX_KEY_BYTES, MAX_TTL_MS,
+    validate_key, validate_ttl, AcquireOptions, AutoExtend, LockerOptions, TokenSource,
+    MAX_KEY_BYTES,
 };
 pub use engine::retry::{Backoff, Delay, DelayFn, DelayInput, RetryOverrides, RetryPolicy};
-pub use engine::runtime::{Abort, Runtime};
-pub use engine::task::{boxed, LocalFuture, Spawn};
-pub use engine::timer::{sleep_until, LocalTimer, ManualClock, Sleep, ThreadTimer, Timer};
+pub use rt::clock::{
+    fresh_reading, lease_end, monotonic_ms, monotonic_reading, one_reading, Clock, LeaseClock,
+    MonotonicClock, SystemSource, TimeSource, CLOCK_DRIFT_FACTOR,
+};
+pub use rt::error::{BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result};
+pub use rt::event_loop::{EventLoop, LoopActivity, SocketWatch, LOOP_ACTIVITY};
+pub use rt::ids::{random_token, IdHasher, IdMap};
+pub use rt::runtime::{Abort, Runtime};
+pub use rt::task::{boxed, LocalFuture, Spawn};
+pub use rt::timer::{sleep_until, LocalTimer, ManualClock, Sleep, ThreadTimer, Timer};

@@ -476,11 +476,11 @@ fn a_permit_taken_while_its_locker_closes_is_given_back_not_returned() {
     let freed = held[0].key();
     assert!(h
         .pool
-        .run_until(h.backend.inner.force_release(&freed))
+        .run_until(h.backend.inner.force_release(freed))
         .unwrap());
     let held_now = |h: &mut Harness| {
         h.pool
-            .run_until(h.backend.inner.inspect(&freed))
+            .run_until(h.backend.inner.inspect(freed))
             .unwrap()
             .held
     };

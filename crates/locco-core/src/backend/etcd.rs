@@ -83,10 +83,10 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::holder::holder_of;
 use crate::backend::io::{self, redact, Failure};
-use crate::backend::{Backend, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
-use crate::engine::error::{BackendErrorKind, Error};
+use crate::contract::value::holder_of;
+use crate::contract::{Backend, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
+use crate::rt::error::{BackendErrorKind, Error};
 
 mod doctor;
 
@@ -1373,7 +1373,7 @@ impl Backend for EtcdBackend {
 
     /// The gets of every key in one transaction (see [`Inner::extend_many`]); each lock's
     /// value and lease compared here.
-    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<crate::engine::error::Result<bool>>> {
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<crate::rt::error::Result<bool>>> {
         if renewals.is_empty() {
             return Op::ready(Ok(Vec::new()));
         }

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use futures_util::FutureExt;
 
-use crate::backend::Op;
-use crate::engine::error::{BackendErrorKind, Error};
+use crate::contract::Op;
+use crate::rt::error::{BackendErrorKind, Error};
 
 /// The runtime every connection of the process runs on: one thread is enough for I/O, and
 /// leaves the other core to JavaScript.

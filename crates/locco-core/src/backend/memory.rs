@@ -7,11 +7,11 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
-use crate::backend::holder::holder_of;
-use crate::backend::queue::{Queue, Queued};
-use crate::backend::{Backend, Coordination, KeyInfo, Op, Waiter};
-use crate::engine::clock::{Clock, MonotonicClock};
-use crate::engine::ids::KeyMap;
+use crate::contract::queue::{Queue, Queued};
+use crate::contract::value::holder_of;
+use crate::contract::{Backend, Coordination, KeyInfo, Op, Waiter};
+use crate::rt::clock::{Clock, MonotonicClock};
+use crate::rt::ids::KeyMap;
 
 struct Entry {
     token: String,
@@ -581,7 +581,7 @@ impl Coordination for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::timer::ManualClock;
+    use crate::rt::timer::ManualClock;
     use futures_util::FutureExt;
 
     const LEASE: u32 = 3_000;

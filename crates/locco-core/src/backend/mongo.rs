@@ -50,11 +50,12 @@ use mongodb::options::{
 };
 use mongodb::{Client, Collection, IndexModel};
 
-use crate::backend::holder::holder_of;
 use crate::backend::io::{self, redact, Failure};
-use crate::backend::queue::{Queue, Queued, WakeBoard};
-use crate::backend::{Backend, KeyInfo, Op, Renewal, Waiter};
-use crate::engine::error::{BackendErrorKind, Error};
+use crate::backend::wake_board::WakeBoard;
+use crate::contract::queue::{Queue, Queued};
+use crate::contract::value::holder_of;
+use crate::contract::{Backend, KeyInfo, Op, Renewal, Waiter};
+use crate::rt::error::{BackendErrorKind, Error};
 
 mod doctor;
 
@@ -203,7 +204,7 @@ impl MongoBackend {
                 secrets,
                 indexes_ready: tokio::sync::OnceCell::new(),
                 closed: Default::default(),
-                adapter_id: crate::engine::options::random_token(),
+                adapter_id: crate::rt::ids::random_token(),
                 board: WakeBoard::default(),
                 pushes_started: AtomicBool::new(false),
                 stop: Arc::new(tokio::sync::Notify::new()),
@@ -478,7 +479,7 @@ impl Inner {
     ) -> Result<Attempt, Failure> {
         // `grant` marks which attempt took the key: the token alone cannot tell, since a
         // second acquire with the same token must fail (no re-entrancy).
-        let attempt = crate::engine::options::random_token();
+        let attempt = crate::rt::ids::random_token();
         let update = attempt_pipeline(token, ttl, &attempt, waiter, &self.adapter_id);
         let projection = match waiter {
             None => doc! { "grant": 1, "_id": 0 },
@@ -861,7 +862,7 @@ impl Backend for MongoBackend {
 
     /// Every renewal in an `updateMany` per ttl and at most one `find` (see
     /// [`Inner::extend_many`]).
-    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<crate::engine::error::Result<bool>>> {
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<crate::rt::error::Result<bool>>> {
         if renewals.is_empty() {
             return Op::ready(Ok(Vec::new()));
         }

@@ -28,10 +28,10 @@ use crate::backend::io::{self, redact, Failure, OnAbandon};
 #[path = "postgres_advisory.rs"]
 mod advisory;
 mod doctor;
-use crate::backend::holder::holder_of;
 use crate::backend::postgres_queue::{waiters_ddl, Connect, FairStatements, Pushes};
-use crate::backend::{extend_each, Backend, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
-use crate::engine::error::{BackendErrorKind, Error};
+use crate::contract::value::holder_of;
+use crate::contract::{extend_each, Backend, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
+use crate::rt::error::{BackendErrorKind, Error};
 pub use advisory::{advisory_key, Keys, Mode};
 
 /// The longest identifier PostgreSQL keeps.
@@ -276,7 +276,7 @@ fn live_lock(alias: &str) -> String {
     format!(
         "({alias}token <> '' AND {alias}expires_at > clock_timestamp() \
          AND {alias}expires_at <= clock_timestamp() + interval '{max} milliseconds')",
-        max = crate::engine::options::MAX_TTL_MS as u64
+        max = crate::contract::MAX_TTL_MS as u64
     )
 }
 
@@ -984,9 +984,9 @@ type Rows = Vec<tokio_postgres::Row>;
 
 /// The answers of one statement for many renewals, each `Ok`; a request in flight keeps how
 /// to stop it.
-fn each_ok(op: Op<Vec<bool>>) -> Op<Vec<crate::engine::error::Result<bool>>> {
+fn each_ok(op: Op<Vec<bool>>) -> Op<Vec<crate::rt::error::Result<bool>>> {
     let each =
-        |all: crate::engine::error::Result<Vec<bool>>| all.map(|v| v.into_iter().map(Ok).collect());
+        |all: crate::rt::error::Result<Vec<bool>>| all.map(|v| v.into_iter().map(Ok).collect());
     match op {
         Op::Ready(answer) => Op::Ready(answer.map(each)),
         Op::Pending(fut, stop) => Op::Pending(Box::pin(async move { each(fut.await) }), stop),
@@ -1049,7 +1049,7 @@ impl Backend for PostgresBackend {
     /// same statement timeout, cancel and failure mapping as a single extend. A renewal whose
     /// row the statement did not return is `false`. An advisory lock is checked on its own
     /// session (each held lock keeps one), so there is nothing to batch: one check each.
-    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<crate::engine::error::Result<bool>>> {
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Op<Vec<crate::rt::error::Result<bool>>> {
         if self.advisory.is_some() {
             return extend_each(self, renewals);
         }

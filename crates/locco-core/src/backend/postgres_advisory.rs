@@ -31,10 +31,10 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 
 use super::{validation_failure, Inner};
-use crate::backend::holder::holder_of;
 use crate::backend::io::{self, Failure};
-use crate::backend::{KeyInfo, Op};
-use crate::engine::error::{BackendErrorKind, Error};
+use crate::contract::value::holder_of;
+use crate::contract::{KeyInfo, Op};
+use crate::rt::error::{BackendErrorKind, Error};
 
 /// Where the PostgreSQL backend keeps its locks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,4 +1,4 @@
-//! The PostgreSQL backend's fair queue (see [`crate::backend::Queue`]): the statements over the
+//! The PostgreSQL backend's fair queue (see [`crate::contract::Queue`]): the statements over the
 //! waiter table, and the LISTEN connection that hears the pushes.
 //!
 //! A place is a row `(key, waiter, channel, seq, expires_at)` of `<table>_waiters`; the queue of
@@ -18,8 +18,8 @@ use std::time::Duration;
 use tokio_postgres::AsyncMessage;
 
 use crate::backend::io;
-use crate::backend::queue::WakeBoard;
-use crate::backend::Waiter;
+use crate::backend::wake_board::WakeBoard;
+use crate::contract::Waiter;
 
 /// Milliseconds from `$n`, as an interval.
 fn ms(param: &str) -> String {
@@ -184,7 +184,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 impl Pushes {
     pub fn new(mut connect: Connect) -> Self {
         // A name of our own: the queue's rows say where the pushes for our waiters go.
-        let channel = format!("locco_{}", &crate::engine::options::random_token()[..24]);
+        let channel = format!("locco_{}", &crate::rt::ids::random_token()[..24]);
         // Its own application name, so that it is not counted as one of the pool's, and
         // keepalives, so that a dead network is noticed in about a minute, not hours (the
         // waiters' re-checks cover the meantime).

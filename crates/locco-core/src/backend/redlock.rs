@@ -17,7 +17,7 @@
 //!   outcome. A backend failure is never reported as contention unless contention is proven.
 //!
 //! Time. The engine starts a lease when its request leaves and ends it 1% of the TTL early (see
-//! [`crate::lease_end`]). Redlock's own validity rule, `ttl - elapsed - drift > 0`, is checked
+//! [`crate::rt::clock::lease_end`]). Redlock's own validity rule, `ttl - elapsed - drift > 0`, is checked
 //! on top, with `drift = ttl / 100 + 2 ms`. The servers are asked for `ttl + drift`: each
 //! server's key is set no earlier than the request left, so it outlives the engine's local
 //! lease (which ends at `sent + 0.99 ttl`) by more than the drift, even on a server whose clock
@@ -33,11 +33,11 @@ use std::task::Poll;
 use std::time::Instant;
 
 use crate::backend::redis::{RedisBackend, RedisOptions, Seen};
-use crate::backend::{Backend, GivenUp, KeyInfo, Op};
-use crate::engine::error::{BackendErrorKind, Error, Result};
-use crate::engine::event_loop::EventLoop;
-use crate::engine::task::{LocalFuture, Spawn};
-use crate::engine::timer::{LocalTimer, Sleep, ThreadTimer, Timer};
+use crate::contract::{Backend, GivenUp, KeyInfo, Op};
+use crate::rt::error::{BackendErrorKind, Error, Result};
+use crate::rt::event_loop::EventLoop;
+use crate::rt::task::{LocalFuture, Spawn};
+use crate::rt::timer::{LocalTimer, Sleep, ThreadTimer, Timer};
 
 /// Fewer servers than this cannot survive the loss of one of them.
 pub const MIN_SERVERS: usize = 3;
@@ -857,7 +857,7 @@ mod tests {
         // A key set when the request left, on a server whose clock runs 1% fast, still ends
         // after the engine's local lease does.
         for ttl in [1u32, 10, 100, 1000, 30_000, 86_400_000] {
-            let local_end = crate::lease_end(0.0, ttl);
+            let local_end = crate::rt::clock::lease_end(0.0, ttl);
             let server_end_on_our_clock = server_ttl(ttl) as f64 * 0.99;
             assert!(server_end_on_our_clock > local_end, "ttl {ttl}");
             // And Redlock's validity is never longer than the engine's lease.
@@ -882,7 +882,7 @@ mod tests {
                 held: true,
                 ttl_left: Some(ttl),
                 fence: None,
-                holder: crate::holder_of(value),
+                holder: crate::contract::value::holder_of(value),
             },
             value: Some(value.into()),
         }

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use crate::backend::io::Failure;
-use crate::engine::clock::monotonic_ms;
-use crate::engine::lock::CLOCK_DRIFT_FACTOR;
+use crate::rt::clock::monotonic_ms;
+use crate::rt::clock::CLOCK_DRIFT_FACTOR;
 
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
-use crate::backend::Waiter;
+use crate::contract::Waiter;
 
 /// The waiters of one backend in this process. A backend that sees every release (the
 /// in-memory one) wakes them all; one that sees only this process's releases (an adapter
@@ -141,17 +141,17 @@ impl<B> LocalWakeups<B> {
     }
 }
 
-impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
+impl<B: crate::contract::Backend> crate::contract::Backend for LocalWakeups<B> {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    fn acquire(&self, key: &str, token: &str, ttl: u32) -> crate::Op<bool> {
+    fn acquire(&self, key: &str, token: &str, ttl: u32) -> crate::contract::Op<bool> {
         self.inner.acquire(key, token, ttl)
     }
-    fn release(&self, key: &str, token: &str) -> crate::Op<bool> {
+    fn release(&self, key: &str, token: &str) -> crate::contract::Op<bool> {
         let op = self.inner.release(key, token);
         let (waiters, key) = (self.waiters.clone(), key.to_owned());
-        crate::Op::pending(async move {
+        crate::contract::Op::pending(async move {
             let deleted = op.await?;
             if deleted {
                 waiters.wake_next(&key);
@@ -159,23 +159,23 @@ impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
             Ok(deleted)
         })
     }
-    fn extend(&self, key: &str, token: &str, ttl: u32) -> crate::Op<bool> {
+    fn extend(&self, key: &str, token: &str, ttl: u32) -> crate::contract::Op<bool> {
         self.inner.extend(key, token, ttl)
     }
     // Without this the default would send one `extend` per renewal through the wrapper.
     fn extend_many(
         &self,
-        renewals: &[crate::Renewal<'_>],
-    ) -> crate::Op<Vec<crate::engine::error::Result<bool>>> {
+        renewals: &[crate::contract::Renewal<'_>],
+    ) -> crate::contract::Op<Vec<crate::rt::error::Result<bool>>> {
         self.inner.extend_many(renewals)
     }
-    fn is_held(&self, key: &str, token: &str) -> crate::Op<bool> {
+    fn is_held(&self, key: &str, token: &str) -> crate::contract::Op<bool> {
         self.inner.is_held(key, token)
     }
     fn supports_fencing(&self) -> bool {
         self.inner.supports_fencing()
     }
-    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> crate::Op<Option<u64>> {
+    fn acquire_fenced(&self, key: &str, token: &str, ttl: u32) -> crate::contract::Op<Option<u64>> {
         self.inner.acquire_fenced(key, token, ttl)
     }
     fn no_fencing_reason(&self) -> Option<String> {
@@ -189,29 +189,29 @@ impl<B: crate::Backend> crate::Backend for LocalWakeups<B> {
             None => local,
         })
     }
-    fn queue(&self) -> Option<&dyn crate::Queue> {
+    fn queue(&self) -> Option<&dyn crate::contract::Queue> {
         self.inner.queue()
     }
-    fn watch_lost(&self, key: &str, token: &str) -> Option<crate::Op<()>> {
+    fn watch_lost(&self, key: &str, token: &str) -> Option<crate::contract::Op<()>> {
         self.inner.watch_lost(key, token)
     }
     fn session_left(&self, key: &str, token: &str) -> Option<f64> {
         self.inner.session_left(key, token)
     }
-    fn coordination(&self) -> Option<&dyn crate::Coordination> {
+    fn coordination(&self) -> Option<&dyn crate::contract::Coordination> {
         self.inner.coordination()
     }
-    fn inspect(&self, key: &str) -> crate::Op<crate::KeyInfo> {
+    fn inspect(&self, key: &str) -> crate::contract::Op<crate::contract::KeyInfo> {
         self.inner.inspect(key)
     }
-    fn list(&self, prefix: &str, limit: u32) -> crate::Op<Vec<crate::KeyInfo>> {
+    fn list(&self, prefix: &str, limit: u32) -> crate::contract::Op<Vec<crate::contract::KeyInfo>> {
         self.inner.list(prefix, limit)
     }
     // Like `release`: a removed lease wakes this process's next waiter for the key.
-    fn force_release(&self, key: &str) -> crate::Op<bool> {
+    fn force_release(&self, key: &str) -> crate::contract::Op<bool> {
         let op = self.inner.force_release(key);
         let (waiters, key) = (self.waiters.clone(), key.to_owned());
-        crate::Op::pending(async move {
+        crate::contract::Op::pending(async move {
             let deleted = op.await?;
             if deleted {
                 waiters.wake_next(&key);

@@ -1,6 +1,6 @@
 //! What a Locker reports as it works.
 
-use crate::engine::error::{Error, HeldReason, LostReason};
+use crate::rt::error::{Error, HeldReason, LostReason};
 
 /// One event. Every event names the key (prefix included) and the lease length.
 #[derive(Debug, Clone)]

@@ -5,23 +5,14 @@ use std::rc::Rc;
 
 use futures_util::FutureExt;
 
-use crate::engine::clock::checked_now;
-use crate::engine::error::{Error, LostReason, Result};
 use crate::engine::events::Event;
 use crate::engine::options::validate_ttl;
 use crate::engine::scheduler::{Due, Scheduled, TICK_EARLY_MS};
 use crate::engine::shared::Shared;
-use crate::engine::task::{first, First};
-use crate::engine::timer::sleep_until;
-
-/// The local lease ends this share of the TTL early: room for a holder clock that runs slower
-/// than the backend's (the margin Redlock uses).
-pub const CLOCK_DRIFT_FACTOR: f64 = 0.01;
-
-/// Where a lease ends on the holder's clock, for a request that left at `sent_at`.
-pub fn lease_end(sent_at: f64, ttl: u32) -> f64 {
-    sent_at + ttl as f64 * (1.0 - CLOCK_DRIFT_FACTOR)
-}
+use crate::rt::clock::{checked_now, lease_end};
+use crate::rt::error::{Error, LostReason, Result};
+use crate::rt::task::{first, First};
+use crate::rt::timer::sleep_until;
 
 /// The state of a lock, as `lock.state` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +98,7 @@ pub enum Releasing {
 /// A release request still out. Hand it to [`Lock::finish_release`] at once: until its answer
 /// is applied, the lock counts as being released.
 pub struct SentRelease {
-    op: crate::backend::Op<bool>,
+    op: crate::contract::Op<bool>,
     /// Whether the lock was held when it left (a lost one's answer is awaited in full).
     was_held: bool,
 }

@@ -6,19 +6,21 @@ use std::rc::Rc;
 use futures_util::future::Either;
 use futures_util::FutureExt;
 
-use crate::backend::holder::{labelled, validate_token};
-use crate::backend::KeyInfo;
-use crate::backend::{Backend, Op, Waiter};
-use crate::engine::clock::checked_now;
-use crate::engine::error::{BackendErrorKind, Error, HeldReason, LostReason, Result};
+use crate::contract::value::{labelled, validate_token};
+use crate::contract::KeyInfo;
+use crate::contract::{Backend, Op, Waiter};
 use crate::engine::events::Event;
-use crate::engine::lock::{lease_end, Heartbeat, Lock, LockInner, LockState};
-use crate::engine::options::{random_token, validate_key, AcquireOptions, LockerOptions};
+use crate::engine::lock::{Heartbeat, Lock, LockInner, LockState};
+use crate::engine::options::{validate_key, AcquireOptions, LockerOptions};
 use crate::engine::retry::{Delay, DelayInput, RetryPolicy};
-use crate::engine::runtime::{aborted, Abort, Runtime};
 use crate::engine::shared::Shared;
-use crate::engine::task::{boxed, first, First};
-use crate::engine::timer::{sleep_until, sleep_until_from};
+use crate::rt::clock::checked_now;
+use crate::rt::clock::lease_end;
+use crate::rt::error::{BackendErrorKind, Error, HeldReason, LostReason, Result};
+use crate::rt::ids::random_token;
+use crate::rt::runtime::{aborted, Abort, Runtime};
+use crate::rt::task::{boxed, first, First};
+use crate::rt::timer::{sleep_until, sleep_until_from};
 
 pub(crate) mod holders;
 
@@ -1182,7 +1184,7 @@ enum Grant {
 enum GrantOp {
     Plain(Op<bool>),
     Fenced(Op<Option<u64>>),
-    Queued(Op<crate::backend::Queued>),
+    Queued(Op<crate::contract::Queued>),
 }
 
 impl GrantOp {
@@ -1209,7 +1211,7 @@ impl std::future::Future for GrantOp {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        use crate::backend::Queued;
+        use crate::contract::Queued;
         use std::pin::Pin;
         use std::task::Poll;
         let grant = match self.get_mut() {

@@ -2,19 +2,18 @@
 
 use std::rc::Rc;
 
-use crate::engine::error::{Error, Result};
+use crate::contract::MAX_TTL_MS;
 use crate::engine::events::{EventSink, LossListener};
 use crate::engine::retry::{RetryOverrides, RetryPolicy};
+use crate::rt::error::{Error, Result};
 
 /// The longest key, in bytes, prefix included.
 pub const MAX_KEY_BYTES: usize = 4096;
-/// The longest lease: what a 32-bit signed millisecond timer holds.
-pub const MAX_TTL_MS: f64 = 2_147_483_647.0;
 
 /// Makes the random value stored under a key.
 pub type TokenSource = Rc<dyn Fn() -> Result<String>>;
 
-/// Options of a [`crate::Locker`].
+/// Options of a [`crate::engine::locker::Locker`].
 #[derive(Clone, Default)]
 pub struct LockerOptions {
     /// Prepended to every key.
@@ -53,7 +52,7 @@ pub struct AcquireOptions {
     pub retry: RetryPolicy,
     pub auto_extend: Option<AutoExtend>,
     /// A label stored with the lock, so that others can see who holds it (see
-    /// [`crate::backend::holder`]). Default none.
+    /// [`crate::contract::value`]). Default none.
     pub holder: Option<String>,
 }
 
@@ -86,7 +85,7 @@ impl AcquireOptions {
     pub fn validate(&self) -> Result<()> {
         validate_ttl("ttl", self.ttl as f64)?;
         if let Some(h) = &self.holder {
-            crate::backend::holder::validate_holder(h)?;
+            crate::contract::value::validate_holder(h)?;
         }
         if let Some(t) = self.retry.timeout {
             crate::engine::retry::non_negative("retry.timeout", t)?;
@@ -157,38 +156,4 @@ pub fn validate_key(key: &str) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// 16 random bytes as 32 hex digits.
-pub fn random_token() -> String {
-    use rand::RngCore;
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    // Filled in one call: drawing a `[u8; 16]` draws a word per byte.
-    let mut bytes = [0u8; 16];
-    rand::rng().fill_bytes(&mut bytes);
-    let mut out = [0u8; 32];
-    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = HEX[(b >> 4) as usize];
-        pair[1] = HEX[(b & 15) as usize];
-    }
-    // SAFETY: every byte is one of HEX's ASCII digits. (Checking them cost a third as much as
-    // drawing the random bytes, on every acquisition.)
-    unsafe { String::from_utf8_unchecked(out.to_vec()) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::random_token;
-
-    #[test]
-    fn a_random_token_is_32_lowercase_hex_digits_and_new_each_time() {
-        let (a, b) = (random_token(), random_token());
-        for t in [&a, &b] {
-            assert_eq!(t.len(), 32);
-            assert!(t
-                .bytes()
-                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
-        }
-        assert_ne!(a, b);
-    }
 }

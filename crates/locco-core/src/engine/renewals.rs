@@ -1,16 +1,16 @@
 //! Heartbeat extensions that fall due together leave as one backend operation
-//! ([`crate::Backend::extend_many`]), in chunks, instead of one request per lock. Each lock
+//! ([`crate::contract::Backend::extend_many`]), in chunks, instead of one request per lock. Each lock
 //! still applies its own answer, with the lease clock rule of a single extension: its new
 //! lease counts from when the chunk left.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::backend::Renewal;
-use crate::engine::clock::checked_now;
-use crate::engine::error::Error;
+use crate::contract::Renewal;
 use crate::engine::lock::{begin_extend, finish_extend, LockInner, LockState};
-use crate::engine::task::yield_now;
+use crate::rt::clock::checked_now;
+use crate::rt::error::Error;
+use crate::rt::task::yield_now;
 
 /// Renewals per backend operation: large enough that 1,000,000 locks need few operations,
 /// small enough that one answer stays well under a millisecond to apply.

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 
-use crate::engine::error::{Error, Result};
+use crate::rt::error::{Error, Result};
 
 /// Computes the wait before an attempt; may be asynchronous (a JavaScript `DelayFn`).
 pub trait DelayFn {

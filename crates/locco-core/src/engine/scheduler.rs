@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 
-use crate::engine::runtime::Runtime;
-use crate::engine::task::{first, yield_now};
+use crate::rt::runtime::Runtime;
+use crate::rt::task::{first, yield_now};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Due {

@@ -3,12 +3,12 @@
 
 use std::rc::Rc;
 
-use crate::backend::Backend;
+use crate::contract::Backend;
 use crate::engine::options::LockerOptions;
 use crate::engine::renewals::Renewals;
 use crate::engine::retry::RetryPolicy;
-use crate::engine::runtime::{Abort, Runtime};
 use crate::engine::scheduler::Scheduler;
+use crate::rt::runtime::{Abort, Runtime};
 
 pub(crate) struct Shared {
     pub backend: Rc<dyn Backend>,

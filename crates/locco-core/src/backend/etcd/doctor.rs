@@ -5,11 +5,11 @@ use etcd_client::{AlarmAction, AlarmType};
 
 use super::{failure_of, EtcdBackend};
 use crate::backend::safety::{Finding, SafetyOptions, Severity};
-use crate::backend::Op;
-use crate::engine::error::BackendErrorKind;
+use crate::contract::Op;
+use crate::rt::error::BackendErrorKind;
 
 impl EtcdBackend {
-    /// Checks the cluster against what the locks rely on (see [`crate::safety`]).
+    /// Checks the cluster against what the locks rely on (see [`crate::backend::safety`]).
     pub fn check_safety(&self, _options: SafetyOptions) -> Op<Vec<Finding>> {
         self.run(move |inner, _| async move {
             let mut client = inner.client().await?;

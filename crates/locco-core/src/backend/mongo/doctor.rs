@@ -7,11 +7,11 @@ use mongodb::bson::{doc, Bson, Document};
 use super::{Inner, MongoBackend};
 use crate::backend::io::Failure;
 use crate::backend::safety::{check_clock, Finding, SafetyOptions, Severity};
-use crate::backend::Op;
+use crate::contract::Op;
 
 impl MongoBackend {
     /// Checks the server and the lock collection against what the locks rely on (see
-    /// [`crate::safety`]).
+    /// [`crate::backend::safety`]).
     pub fn check_safety(&self, options: SafetyOptions) -> Op<Vec<Finding>> {
         self.run(move |inner, _| async move {
             let db = inner.database().await?;
@@ -38,7 +38,7 @@ impl MongoBackend {
                             .map_err(|_| {
                                 Failure::new(
                                     "mongo",
-                                    crate::BackendErrorKind::Protocol,
+                                    crate::rt::error::BackendErrorKind::Protocol,
                                     "hello has no localTime",
                                 )
                             })

@@ -5,11 +5,11 @@
 use super::{Inner, Mode, PostgresBackend};
 use crate::backend::io::Failure;
 use crate::backend::safety::{check_clock, Finding, SafetyOptions, Severity};
-use crate::backend::Op;
+use crate::contract::Op;
 
 impl PostgresBackend {
     /// Checks the server and the lock table against what the locks rely on (see
-    /// [`crate::safety`]).
+    /// [`crate::backend::safety`]).
     pub fn check_safety(&self, options: SafetyOptions) -> Op<Vec<Finding>> {
         self.run(move |inner, abandon| async move {
             let client = inner.client(&abandon).await?;

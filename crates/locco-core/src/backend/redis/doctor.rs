@@ -6,10 +6,10 @@ use std::sync::Arc;
 use super::{Conn, Inner, RedisBackend};
 use crate::backend::io::Failure;
 use crate::backend::safety::{check_clock, Finding, SafetyOptions, Severity};
-use crate::backend::Op;
+use crate::contract::Op;
 
 impl RedisBackend {
-    /// Checks the server against what the locks rely on (see [`crate::safety`]).
+    /// Checks the server against what the locks rely on (see [`crate::backend::safety`]).
     pub fn check_safety(&self, options: SafetyOptions) -> Op<Vec<Finding>> {
         self.run(move |inner| async move {
             if inner.options.cluster {
@@ -70,7 +70,7 @@ async fn check_cluster(
         return Err(last_failure.unwrap_or_else(|| {
             Failure::new(
                 "redis",
-                crate::BackendErrorKind::Config,
+                crate::rt::error::BackendErrorKind::Config,
                 "no seed URL of the Cluster could be opened",
             )
         }));

@@ -1,5 +1,5 @@
 //! A Redis connection whose I/O runs on the engine's thread, driven by the host's event loop
-//! (see [`crate::EventLoop`]): no thread hop between a lock operation and its socket.
+//! (see [`crate::rt::event_loop::EventLoop`]): no thread hop between a lock operation and its socket.
 //!
 //! Used for a plain-TCP standalone server. The connection is a [`LoopConn`], whose reader is a
 //! task on the engine's thread. Only the TCP connect goes through the I/O thread (it may
@@ -19,9 +19,9 @@ use redis::ConnectionInfo;
 use crate::backend::io::{self, runtime, Failure};
 use crate::backend::redis::failure::failure_of;
 use crate::backend::redis::loop_conn::LoopConn;
-use crate::engine::error::{BackendErrorKind, Error};
-use crate::engine::event_loop::{EventLoop, LoopActivity, LOOP_ACTIVITY};
-use crate::engine::task::{first, First};
+use crate::rt::error::{BackendErrorKind, Error};
+use crate::rt::event_loop::{EventLoop, LoopActivity, LOOP_ACTIVITY};
+use crate::rt::task::{first, First};
 
 /// Milliseconds since a process-wide origin (the watchdog reads it on the I/O thread).
 pub(super) fn now_ms() -> u64 {

@@ -4,7 +4,7 @@
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::backend::io::{redact, Failure};
-use crate::engine::error::BackendErrorKind;
+use crate::rt::error::BackendErrorKind;
 
 /// A driver failure as a `BackendError`, with every secret removed from the message.
 pub(crate) fn failure_of(secrets: &[String], e: RedisError) -> Failure {

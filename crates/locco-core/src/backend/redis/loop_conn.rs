@@ -21,7 +21,7 @@ use std::task::{Context, Poll, Waker};
 use redis::{Cmd, RedisError, RedisResult, Value};
 
 use super::event_loop_link::Health;
-use crate::engine::event_loop::SocketWatch;
+use crate::rt::event_loop::SocketWatch;
 
 /// Reads per wake-up before the reader yields to other tasks.
 const READS_PER_TURN: usize = 16;

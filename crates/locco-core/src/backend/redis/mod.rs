@@ -14,10 +14,10 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Script, Value};
 
-use crate::backend::holder::holder_of;
 use crate::backend::io::{self, redact, runtime, Failure};
-use crate::backend::{extend_each, Backend, GivenUp, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
-use crate::engine::error::{BackendErrorKind, Error};
+use crate::contract::value::holder_of;
+use crate::contract::{extend_each, Backend, GivenUp, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
+use crate::rt::error::{BackendErrorKind, Error};
 
 mod doctor;
 #[cfg(unix)]
@@ -702,7 +702,7 @@ impl RedisBackend {
                 warned: Default::default(),
                 connect_failures: Default::default(),
                 connect_failed: Mutex::default(),
-                channel: crate::random_token()[..16].to_owned(),
+                channel: crate::rt::ids::random_token()[..16].to_owned(),
                 pushes: Default::default(),
             }),
             warn: None,
@@ -722,7 +722,7 @@ impl RedisBackend {
     /// Does the I/O of a plain-TCP standalone server on the engine's thread, driven by
     /// `host`. TLS, a Cluster and `waitForReplicas` stay on the I/O thread.
     #[cfg(unix)]
-    pub fn on_event_loop(&mut self, host: std::rc::Rc<dyn crate::EventLoop>) {
+    pub fn on_event_loop(&mut self, host: std::rc::Rc<dyn crate::rt::event_loop::EventLoop>) {
         let o = &self.inner.options;
         let Some(client) = &self.inner.client else {
             return;
@@ -1075,7 +1075,7 @@ type GrantReply = (i64, i64);
 /// A place in a key's queue never lives shorter than this, whatever the engine asks.
 const MIN_PLACE_LEASE_MS: u32 = 100;
 
-impl crate::backend::Coordination for RedisBackend {
+impl crate::contract::Coordination for RedisBackend {
     fn peek(&self, key: &str) -> Op<Option<String>> {
         // A key reserved for a waiter has no holder yet; the holder's token is before the mark.
         let value = self.get(key);
@@ -1122,7 +1122,7 @@ impl Backend for RedisBackend {
         "redis"
     }
 
-    fn coordination(&self) -> Option<&dyn crate::backend::Coordination> {
+    fn coordination(&self) -> Option<&dyn crate::contract::Coordination> {
         Some(self)
     }
 

@@ -18,8 +18,8 @@ use futures_util::StreamExt;
 use redis::Client;
 
 use crate::backend::io::runtime;
-use crate::backend::queue::WakeBoard;
-use crate::backend::Waiter;
+use crate::backend::wake_board::WakeBoard;
+use crate::contract::Waiter;
 
 /// How often a subscriber with nobody to tell checks whether its adapter is still there.
 const IDLE_CHECK: Duration = Duration::from_secs(5);

@@ -6,9 +6,9 @@ use std::future::Future;
 use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 
-use crate::engine::clock::{Clock, LeaseClock};
-use crate::engine::task::Spawn;
-use crate::engine::timer::{LocalTimer, ThreadTimer, Timer};
+use crate::rt::clock::{Clock, LeaseClock};
+use crate::rt::task::Spawn;
+use crate::rt::timer::{LocalTimer, ThreadTimer, Timer};
 
 /// The host services of one Locker.
 #[derive(Clone)]

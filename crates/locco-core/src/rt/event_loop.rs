@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::task::Context;
 use std::time::Instant;
 
-use crate::engine::task::LocalFuture;
+use crate::rt::task::LocalFuture;
 
 /// Readiness of one non-blocking socket, reported by the host's event loop.
 pub trait SocketWatch {

@@ -3,6 +3,15 @@
 use std::cell::Cell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The local lease ends this share of the TTL early: room for a holder clock that runs slower
+/// than the backend's (the margin Redlock uses).
+pub const CLOCK_DRIFT_FACTOR: f64 = 0.01;
+
+/// Where a lease ends on the holder's clock, for a request that left at `sent_at`.
+pub fn lease_end(sent_at: f64, ttl: u32) -> f64 {
+    sent_at + ttl as f64 * (1.0 - CLOCK_DRIFT_FACTOR)
+}
+
 /// A monotonic clock in milliseconds. Implementations never step backwards.
 pub trait Clock {
     fn now(&self) -> f64;
@@ -11,7 +20,7 @@ pub trait Clock {
 /// Reads `clock`, refusing a reading that is not a finite number. An injected clock that
 /// answers NaN would otherwise make every deadline look passed, so a retry loop would run
 /// without ever waiting; the operation that read it fails instead, naming the option.
-pub(crate) fn checked_now(clock: &dyn Clock) -> crate::Result<f64> {
+pub(crate) fn checked_now(clock: &dyn Clock) -> crate::rt::error::Result<f64> {
     let now = clock.now();
     if now.is_finite() {
         return Ok(now);
@@ -24,7 +33,7 @@ pub(crate) fn checked_now(clock: &dyn Clock) -> crate::Result<f64> {
     } else {
         "-Infinity"
     };
-    Err(crate::Error::validation(
+    Err(crate::rt::error::Error::validation(
         "now",
         format!("the injected clock returned {shown}; it must return a finite number of ms"),
     ))

@@ -13,7 +13,7 @@
 //! Values written without a label (by an older version, or without `holder`) have no mark and
 //! read as "no holder known".
 
-use crate::engine::error::{Error, Result};
+use crate::rt::error::{Error, Result};
 
 /// Between the token and the label in a stored value.
 pub const HOLDER_MARK: &str = "|locco:holder=";

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::engine::clock::Clock;
+use crate::rt::clock::Clock;
 
 pub type Sleep = Pin<Box<dyn Future<Output = ()>>>;
 
@@ -50,7 +50,7 @@ struct Shared {
 struct TimerState {
     next_id: u64,
     heap: BinaryHeap<Reverse<(Instant, u64)>>,
-    wakers: crate::IdMap<u64, Waker>,
+    wakers: crate::rt::ids::IdMap<u64, Waker>,
 }
 
 fn shared() -> &'static Arc<Shared> {
@@ -233,7 +233,7 @@ const LANE_MAX: usize = 4096;
 
 struct LocalTimerState {
     base: Rc<dyn Timer>,
-    spawner: Rc<dyn crate::engine::task::Spawn>,
+    spawner: Rc<dyn crate::rt::task::Spawn>,
     /// Sleeps whose deadline came in order (at or after the last one's): most sleeps are the
     /// same backstop from now, so most land here, where registering is a push and a
     /// cancel clears a place found by its serial number, rather than a search of the map.
@@ -249,7 +249,7 @@ struct LocalTimerState {
 }
 
 impl LocalTimer {
-    pub fn new(base: Rc<dyn Timer>, spawner: Rc<dyn crate::engine::task::Spawn>) -> Self {
+    pub fn new(base: Rc<dyn Timer>, spawner: Rc<dyn crate::rt::task::Spawn>) -> Self {
         LocalTimer(Rc::new(LocalTimerState {
             base,
             spawner,
@@ -417,9 +417,9 @@ impl Drop for LocalSleep {
 }
 
 /// The monotonic clock in microseconds, as the engine's clocks read it (one reading shared
-/// within a call from JavaScript, see [`crate::one_reading`]).
+/// within a call from JavaScript, see [`crate::rt::clock::one_reading`]).
 fn now_us() -> u64 {
-    (crate::engine::clock::monotonic_reading() * 1000.0) as u64
+    (crate::rt::clock::monotonic_reading() * 1000.0) as u64
 }
 
 /// Wakes due sleeps, then sleeps on the base timer until the earliest one left.
@@ -446,7 +446,7 @@ async fn drive(state: Rc<LocalTimerState>) {
             *state.armed.borrow_mut() = Some((at, cx.waker().clone()));
             Poll::Pending
         });
-        crate::engine::task::first(wait, earlier).await;
+        crate::rt::task::first(wait, earlier).await;
     }
 }
 
@@ -457,8 +457,8 @@ mod tests {
     use futures_util::task::LocalSpawnExt;
 
     struct Spawner(futures_executor::LocalSpawner);
-    impl crate::engine::task::Spawn for Spawner {
-        fn spawn(&self, task: crate::engine::task::LocalFuture<()>) {
+    impl crate::rt::task::Spawn for Spawner {
+        fn spawn(&self, task: crate::rt::task::LocalFuture<()>) {
             self.0.spawn_local(task).unwrap();
         }
     }
