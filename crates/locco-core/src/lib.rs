@@ -38,7 +38,7 @@ pub use backend::postgres;
 #[cfg(feature = "redis")]
 pub use backend::redis;
 #[cfg(feature = "redis")]
-pub use backend::redlock;
+pub use backend::redis::redlock;
 
 pub use backend::memory::MemoryBackend;
 #[cfg(any(
@@ -47,9 +47,9 @@ pub use backend::memory::MemoryBackend;
     feature = "mongo",
     feature = "etcd"
 ))]
-pub use backend::safety;
-pub use backend::waiters::{LocalWaiters, LocalWakeups};
-pub use backend::wake_board::WakeBoard;
+pub use backend::shared::safety;
+pub use backend::shared::waiters::{LocalWaiters, LocalWakeups};
+pub use backend::shared::wake_board::WakeBoard;
 pub use contract::value::{
     holder_of, labelled, validate_holder, validate_token, HOLDER_MARK, MAX_HOLDER_BYTES,
 };

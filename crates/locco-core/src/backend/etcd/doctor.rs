@@ -4,12 +4,12 @@
 use etcd_client::{AlarmAction, AlarmType};
 
 use super::{failure_of, EtcdBackend};
-use crate::backend::safety::{Finding, SafetyOptions, Severity};
+use crate::backend::shared::safety::{Finding, SafetyOptions, Severity};
 use crate::contract::Op;
 use crate::rt::error::BackendErrorKind;
 
 impl EtcdBackend {
-    /// Checks the cluster against what the locks rely on (see [`crate::backend::safety`]).
+    /// Checks the cluster against what the locks rely on (see [`crate::backend::shared::safety`]).
     pub fn check_safety(&self, _options: SafetyOptions) -> Op<Vec<Finding>> {
         self.run(move |inner, _| async move {
             let mut client = inner.client().await?;

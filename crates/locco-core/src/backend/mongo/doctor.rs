@@ -5,13 +5,13 @@
 use mongodb::bson::{doc, Bson, Document};
 
 use super::{Inner, MongoBackend};
-use crate::backend::io::Failure;
-use crate::backend::safety::{check_clock, Finding, SafetyOptions, Severity};
+use crate::backend::shared::io::Failure;
+use crate::backend::shared::safety::{check_clock, Finding, SafetyOptions, Severity};
 use crate::contract::Op;
 
 impl MongoBackend {
     /// Checks the server and the lock collection against what the locks rely on (see
-    /// [`crate::backend::safety`]).
+    /// [`crate::backend::shared::safety`]).
     pub fn check_safety(&self, options: SafetyOptions) -> Op<Vec<Finding>> {
         self.run(move |inner, _| async move {
             let db = inner.database().await?;

@@ -3,13 +3,13 @@
 //! only: it never creates the table, whatever `createTable` says.
 
 use super::{Inner, Mode, PostgresBackend};
-use crate::backend::io::Failure;
-use crate::backend::safety::{check_clock, Finding, SafetyOptions, Severity};
+use crate::backend::shared::io::Failure;
+use crate::backend::shared::safety::{check_clock, Finding, SafetyOptions, Severity};
 use crate::contract::Op;
 
 impl PostgresBackend {
     /// Checks the server and the lock table against what the locks rely on (see
-    /// [`crate::backend::safety`]).
+    /// [`crate::backend::shared::safety`]).
     pub fn check_safety(&self, options: SafetyOptions) -> Op<Vec<Finding>> {
         self.run(move |inner, abandon| async move {
             let client = inner.client(&abandon).await?;

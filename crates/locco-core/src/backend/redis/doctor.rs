@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use super::{Conn, Inner, RedisBackend};
-use crate::backend::io::Failure;
-use crate::backend::safety::{check_clock, Finding, SafetyOptions, Severity};
+use crate::backend::shared::io::Failure;
+use crate::backend::shared::safety::{check_clock, Finding, SafetyOptions, Severity};
 use crate::contract::Op;
 
 impl RedisBackend {
-    /// Checks the server against what the locks rely on (see [`crate::backend::safety`]).
+    /// Checks the server against what the locks rely on (see [`crate::backend::shared::safety`]).
     pub fn check_safety(&self, options: SafetyOptions) -> Op<Vec<Finding>> {
         self.run(move |inner| async move {
             if inner.options.cluster {
@@ -347,7 +347,7 @@ async fn cluster_findings(conn: &mut Conn, found: &mut Vec<Finding>) {
 
 impl Inner {
     fn redact(&self, text: String) -> String {
-        crate::backend::io::redact(&self.secrets, text)
+        crate::backend::shared::io::redact(&self.secrets, text)
     }
 }
 

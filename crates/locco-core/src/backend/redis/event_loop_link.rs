@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use futures_util::future::{FutureExt, LocalBoxFuture, Shared};
 use redis::ConnectionInfo;
 
-use crate::backend::io::{self, runtime, Failure};
 use crate::backend::redis::failure::failure_of;
 use crate::backend::redis::loop_conn::LoopConn;
+use crate::backend::shared::io::{self, runtime, Failure};
 use crate::rt::error::{BackendErrorKind, Error};
 use crate::rt::event_loop::{EventLoop, LoopActivity, LOOP_ACTIVITY};
 use crate::rt::task::{first, First};

@@ -3,7 +3,7 @@
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use crate::backend::io::{redact, Failure};
+use crate::backend::shared::io::{redact, Failure};
 use crate::rt::error::BackendErrorKind;
 
 /// A driver failure as a `BackendError`, with every secret removed from the message.

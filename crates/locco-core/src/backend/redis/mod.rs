@@ -14,7 +14,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Script, Value};
 
-use crate::backend::io::{self, redact, runtime, Failure};
+use crate::backend::shared::io::{self, redact, runtime, Failure};
 use crate::contract::value::holder_of;
 use crate::contract::{extend_each, Backend, GivenUp, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
 use crate::rt::error::{BackendErrorKind, Error};
@@ -28,6 +28,7 @@ mod gate;
 #[cfg_attr(not(unix), allow(dead_code))]
 mod loop_conn;
 mod pushes;
+pub mod redlock;
 
 use failure::failure_of;
 use gate::{Gate, Priority};

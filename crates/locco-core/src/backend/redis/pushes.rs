@@ -17,8 +17,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::Client;
 
-use crate::backend::io::runtime;
-use crate::backend::wake_board::WakeBoard;
+use crate::backend::shared::io::runtime;
+use crate::backend::shared::wake_board::WakeBoard;
 use crate::contract::Waiter;
 
 /// How often a subscriber with nobody to tell checks whether its adapter is still there.

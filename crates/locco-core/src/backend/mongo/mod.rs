@@ -50,8 +50,8 @@ use mongodb::options::{
 };
 use mongodb::{Client, Collection, IndexModel};
 
-use crate::backend::io::{self, redact, Failure};
-use crate::backend::wake_board::WakeBoard;
+use crate::backend::shared::io::{self, redact, Failure};
+use crate::backend::shared::wake_board::WakeBoard;
 use crate::contract::queue::{Queue, Queued};
 use crate::contract::value::holder_of;
 use crate::contract::{Backend, KeyInfo, Op, Renewal, Waiter};

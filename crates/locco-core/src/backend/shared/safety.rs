@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::backend::io::Failure;
+use crate::backend::shared::io::Failure;
 use crate::rt::clock::monotonic_ms;
 use crate::rt::clock::CLOCK_DRIFT_FACTOR;
 

@@ -11,7 +11,7 @@
 //! fewer than the pool has: the last one is kept for holders (release, extend, `isHeld`),
 //! whose renewals must not wait behind acquisitions of a key some transaction has locked.
 //!
-//! Waiters take turns in `<table>_waiters` (see [`super::postgres_queue`]): a release notifies
+//! Waiters take turns in `<table>_waiters` (see [`queue`]): a release notifies
 //! the head of the key's queue, and a try is refused while anyone waits. Without that table
 //! (`createTable: false` and a migration that made or granted only the lock table) the
 //! backend works as before, without the queue: waiters poll and race for a free key.
@@ -24,11 +24,11 @@ use deadpool_postgres::{
 };
 use tokio_postgres::error::SqlState;
 
-use crate::backend::io::{self, redact, Failure, OnAbandon};
-#[path = "postgres_advisory.rs"]
+use crate::backend::shared::io::{self, redact, Failure, OnAbandon};
 mod advisory;
 mod doctor;
-use crate::backend::postgres_queue::{waiters_ddl, Connect, FairStatements, Pushes};
+pub(crate) mod queue;
+use crate::backend::postgres::queue::{waiters_ddl, Connect, FairStatements, Pushes};
 use crate::contract::value::holder_of;
 use crate::contract::{extend_each, Backend, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
 use crate::rt::error::{BackendErrorKind, Error};

@@ -31,7 +31,7 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 
 use super::{validation_failure, Inner};
-use crate::backend::io::{self, Failure};
+use crate::backend::shared::io::{self, Failure};
 use crate::contract::value::holder_of;
 use crate::contract::{KeyInfo, Op};
 use crate::rt::error::{BackendErrorKind, Error};

@@ -83,7 +83,7 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::io::{self, redact, Failure};
+use crate::backend::shared::io::{self, redact, Failure};
 use crate::contract::value::holder_of;
 use crate::contract::{Backend, KeyInfo, Op, Queue, Queued, Renewal, Waiter};
 use crate::rt::error::{BackendErrorKind, Error};

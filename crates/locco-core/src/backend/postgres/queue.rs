@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use tokio_postgres::AsyncMessage;
 
-use crate::backend::io;
-use crate::backend::wake_board::WakeBoard;
+use crate::backend::shared::io;
+use crate::backend::shared::wake_board::WakeBoard;
 use crate::contract::Waiter;
 
 /// Milliseconds from `$n`, as an interval.
