@@ -178,14 +178,17 @@ describe('RedisAdapter faults', () => {
     // that leaves after the give-back would leave the key held.
     let t = 0;
     const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), now: () => (t += 1000) });
+    // Out of time with no answer: a timeout; with the answer in that tick, but after the lease
+    // could have ended on this clock: a late grant. Given back either way.
+    const givenUp = (e) => (e instanceof BackendError && e.kind === 'timeout') || (e instanceof LockHeldError && e.reason === 'late-acquire');
     const err = await locker.tryAcquire('given-up', { ttl: 1000 }).catch((e) => e);
-    assert.ok(err instanceof BackendError && err.kind === 'timeout', String(err));
+    assert.ok(givenUp(err), String(err));
     await sleep(300); // the give-back, and anything else still due
     assert.equal(redis.cli('EXISTS', 'given-up'), '0');
     // The same for a fenced grant (a script; a fencing token it took is a gap, not a grant).
     const fenced = new Locker({ adapter: new RedisAdapter({ url: redis.url }), fencing: true, now: () => (t += 1000) });
     const late = await fenced.tryAcquire('given-up-fenced', { ttl: 1000 }).catch((e) => e);
-    assert.ok(late instanceof BackendError && late.kind === 'timeout', String(late));
+    assert.ok(givenUp(late), String(late));
     await sleep(300);
     assert.equal(redis.cli('EXISTS', 'given-up-fenced'), '0');
   });
