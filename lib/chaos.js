@@ -165,11 +165,17 @@ function chaosAdapter(inner, options) {
     const held = [...leases];
     leases.clear();
     for (const [key, token] of held) {
+      // Listed before the release is sent: the backend may apply it before its answer comes,
+      // and a reader then must see why the key is gone. Unlisted when the key stays.
+      const drop = { key, token, at: now() };
+      dropped.push(drop);
+      let gone = false;
       try {
-        if ((await inner.release({ key, token })) === true) dropped.push({ key, token, at: now() });
+        gone = (await inner.release({ key, token })) === true;
       } catch {
         // The inner backend failed to drop it: the lease stays, as on a server that lived on.
       }
+      if (!gone) dropped.splice(dropped.indexOf(drop), 1);
     }
   }
 
