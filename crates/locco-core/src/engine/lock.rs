@@ -191,18 +191,17 @@ impl Lock {
         // Past the lease end the answer no longer matters: the key is free either way. A lease
         // already lost leaves the release only tidying up, which waits one ttl at most: a
         // backend that never answers must not hold up the caller for ever.
-        let answer = if was_held {
-            match Box::pin(first(op, inner.lease_over())).await {
-                First::Left(r) => r,
-                First::Right(()) => Ok(false),
+        let rt = &inner.shared.rt;
+        let lost_until = (!was_held).then(|| rt.clock.now() + f64::from(inner.ttl.get()));
+        let bound = async {
+            match lost_until {
+                None => inner.lease_over().await,
+                Some(until) => sleep_until(&*rt.clock, &*rt.timer, until).await,
             }
-        } else {
-            let rt = &inner.shared.rt;
-            let until = rt.clock.now() + f64::from(inner.ttl.get());
-            match Box::pin(first(op, sleep_until(&*rt.clock, &*rt.timer, until))).await {
-                First::Left(r) => r,
-                First::Right(()) => Ok(false),
-            }
+        };
+        let answer = match Box::pin(first(op, bound)).await {
+            First::Left(r) => r,
+            First::Right(()) => Ok(false),
         };
         self.released(answer, final_attempt)
     }
