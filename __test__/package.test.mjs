@@ -214,7 +214,7 @@ describe('the loader without a binary for this platform', { skip: !existsSync(jo
   const copy = join(work, 'no-binary', 'locco-rs');
   before(() => {
     mkdirSync(copy, { recursive: true });
-    for (const f of ['package.json', 'binding.js', 'index.js', 'memory.js', 'lib']) cpSync(join(root, f), join(copy, f), { recursive: true });
+    for (const f of ['package.json', 'binding.js', 'index.js', 'entry', 'lib']) cpSync(join(root, f), join(copy, f), { recursive: true });
   });
 
   const expectedPackage = `${pkg.name}-${platform}`;

@@ -52,13 +52,13 @@ it('the main declarations carry a JSDoc @example', async () => {
   const { readFile } = await import('node:fs/promises');
   const wanted = {
     'index.d.ts': ['export declare class Locker', 'acquire(key', 'tryAcquire(key', 'withLock<T>(key', 'export interface LockAdapter'],
-    'memory.d.ts': ['export declare class InMemoryAdapter'],
-    'redis.d.ts': ['export declare class RedisAdapter'],
-    'postgres.d.ts': ['export declare class PostgresAdapter'],
-    'mongo.d.ts': ['export declare class MongoAdapter'],
-    'etcd.d.ts': ['export declare class EtcdAdapter'],
-    'mutex.d.ts': ['export declare class MutexManager', 'runOperation<T>('],
-    'testing.d.ts': ['export declare function runLockAdapterContract'],
+    'entry/memory.d.ts': ['export declare class InMemoryAdapter'],
+    'entry/redis.d.ts': ['export declare class RedisAdapter'],
+    'entry/postgres.d.ts': ['export declare class PostgresAdapter'],
+    'entry/mongo.d.ts': ['export declare class MongoAdapter'],
+    'entry/etcd.d.ts': ['export declare class EtcdAdapter'],
+    'entry/mutex.d.ts': ['export declare class MutexManager', 'runOperation<T>('],
+    'entry/testing.d.ts': ['export declare function runLockAdapterContract'],
   };
   for (const [file, declarations] of Object.entries(wanted)) {
     const text = await readFile(join(root, file), 'utf8');

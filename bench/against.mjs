@@ -5,6 +5,7 @@
 // median of the rounds' own ratios (less moved by a round the machine slowed for both).
 // In memory, W1 and W2 are bench/memory.mjs's sequential and contended runs (one key).
 // The two share one JavaScript heap: a build whose facade leaves garbage slows the other too.
+import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import path from 'node:path';
 import { startPostgres, startRedis } from '../__test__/support/servers.mjs';
@@ -15,10 +16,10 @@ const ROUNDS = Number(process.env.ROUNDS ?? 5);
 const noServer = async () => ({ url: undefined, dispose: async () => {} });
 const BACKENDS = {
   // The W2 widths of bench/redis.mjs and bench/postgres.mjs.
-  redis: { start: startRedis, module: 'redis.mjs', Adapter: 'RedisAdapter', workers: 256, options: {} },
-  postgres: { start: startPostgres, module: 'postgres.mjs', Adapter: 'PostgresAdapter', workers: 64, options: { poolSize: 10 } },
+  redis: { start: startRedis, module: 'locco-rs/redis', Adapter: 'RedisAdapter', workers: 256, options: {} },
+  postgres: { start: startPostgres, module: 'locco-rs/postgres', Adapter: 'PostgresAdapter', workers: 64, options: { poolSize: 10 } },
   // Every pair on one key; W2's workers wait their turn for it.
-  memory: { start: noServer, module: 'memory.mjs', Adapter: 'InMemoryAdapter', workers: 8, oneKey: true, pairs: 100_000 },
+  memory: { start: noServer, module: 'locco-rs/memory', Adapter: 'InMemoryAdapter', workers: 8, oneKey: true, pairs: 100_000 },
 };
 const backend = BACKENDS[process.env.BACKEND ?? 'redis'];
 if (!backend) throw new Error(`BACKEND must be one of ${Object.keys(BACKENDS).join(', ')}`);
@@ -29,8 +30,10 @@ const TTL = 10_000;
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 async function build(dir, url) {
-  const at = (f) => pathToFileURL(path.resolve(dir, f)).href;
-  const { Locker } = await import(at('index.mjs'));
+  // Through that checkout's own `exports` map, wherever its entry files live.
+  const resolve = createRequire(path.resolve(dir, 'package.json')).resolve;
+  const at = (specifier) => pathToFileURL(resolve(specifier)).href;
+  const { Locker } = await import(at('locco-rs'));
   const Adapter = (await import(at(backend.module)))[backend.Adapter];
   const adapter = url === undefined ? new Adapter() : new Adapter({ url, ...backend.options });
   // One key: a pair waits for the key, as long as it takes.

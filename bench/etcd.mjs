@@ -4,8 +4,8 @@
 // workers on their own keys — 16, not the 64 of the other backends: every etcd write is a Raft
 // proposal fsynced by the one member on this shared 2-core machine, and the etcd3 floor opens a
 // lease per lock, so 64 workers measure the disk queue rather than either client.
-import { Locker } from '../index.mjs';
-import { EtcdAdapter } from '../etcd.mjs';
+import { Locker } from 'locco-rs';
+import { EtcdAdapter } from 'locco-rs/etcd';
 import { runBackendBench } from './pairs.mjs';
 import { startEtcd } from '../__test__/support/servers.mjs';
 

@@ -8,9 +8,9 @@
 import { randomBytes } from 'node:crypto';
 import Redis from 'ioredis';
 import pg from 'pg';
-import { Locker, LockHeldError } from '../index.mjs';
-import { RedisAdapter } from '../redis.mjs';
-import { PostgresAdapter } from '../postgres.mjs';
+import { Locker, LockHeldError } from 'locco-rs';
+import { RedisAdapter } from 'locco-rs/redis';
+import { PostgresAdapter } from 'locco-rs/postgres';
 
 const args = JSON.parse(process.argv[2]);
 const base = BigInt(args.base);

@@ -9,7 +9,7 @@
 // Run: node bench/fairness.mjs [redis|postgres ...]   (default both)
 import { fork } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { postgresLocksDdl } from '../postgres.mjs';
+import { postgresLocksDdl } from 'locco-rs/postgres';
 import { startPostgres, startRedis } from '../__test__/support/servers.mjs';
 
 const SECONDS = Number(process.env.FAIRNESS_SECONDS ?? 5);

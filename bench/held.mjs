@@ -4,8 +4,8 @@
 // acquire time, Node's CPU (share of one core) and the server's during the hold, RSS, bytes
 // per lock, and how many locks were lost (it must be 0).
 import { readFileSync } from 'node:fs';
-import { Locker } from '../index.mjs';
-import { InMemoryAdapter } from '../memory.mjs';
+import { Locker } from 'locco-rs';
+import { InMemoryAdapter } from 'locco-rs/memory';
 import { startMongo, startPostgres, startRedis } from '../__test__/support/servers.mjs';
 
 const [backend = 'redis', countArg, ttlArg, secondsArg] = process.argv.slice(2);
@@ -26,7 +26,7 @@ async function open() {
   if (backend === 'memory') return { adapter: new InMemoryAdapter(), async dispose() {} };
   if (backend === 'redis') {
     const server = await startRedis();
-    const { RedisAdapter } = await import('../redis.mjs');
+    const { RedisAdapter } = await import('locco-rs/redis');
     // The server's own count of the renewal scripts and the keys they extended (PEXPIREAT calls).
     const renewals = () => {
       const stats = server.cli('INFO', 'commandstats');
@@ -46,12 +46,12 @@ async function open() {
   }
   if (backend === 'postgres') {
     const server = await startPostgres();
-    const { PostgresAdapter } = await import('../postgres.mjs');
+    const { PostgresAdapter } = await import('locco-rs/postgres');
     return { adapter: new PostgresAdapter({ url: server.url }), dispose: () => server.dispose() };
   }
   if (backend === 'mongo') {
     const server = await startMongo();
-    const { MongoAdapter } = await import('../mongo.mjs');
+    const { MongoAdapter } = await import('locco-rs/mongo');
     return { adapter: new MongoAdapter({ url: server.url }), pid: server.pid, dispose: () => server.dispose() };
   }
   throw new Error(`unknown backend ${backend}: redis, postgres, mongo or memory`);

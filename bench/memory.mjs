@@ -8,8 +8,8 @@
 // measured beside it, so that the figure says which one it is.
 import { createRequire } from 'node:module';
 import { Mutex } from 'async-mutex';
-import { Locker } from '../index.mjs';
-import { InMemoryAdapter } from '../memory.mjs';
+import { Locker } from 'locco-rs';
+import { InMemoryAdapter } from 'locco-rs/memory';
 
 const SEQ = 100_000;
 const CONTENDED = 100_000;

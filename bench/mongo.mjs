@@ -3,8 +3,8 @@
 // W1: sequential pairs on distinct keys. W2: 64 concurrent workers on their own keys.
 import { randomBytes } from 'node:crypto';
 import { MongoClient } from 'mongodb';
-import { Locker } from '../index.mjs';
-import { MongoAdapter } from '../mongo.mjs';
+import { Locker } from 'locco-rs';
+import { MongoAdapter } from 'locco-rs/mongo';
 import { runBackendBench } from './pairs.mjs';
 import { startMongo } from '../__test__/support/servers.mjs';
 

@@ -1,7 +1,7 @@
 // MutexManager: local runOperation on one id against async-mutex's runExclusive, same process,
 // same run, median of 3. Sequential: 100,000 operations. Contended: 8 contenders until 100,000.
 import { Mutex } from 'async-mutex';
-import { MutexManager } from '../mutex.mjs';
+import { MutexManager } from 'locco-rs/mutex';
 
 const SEQ = 100_000;
 const CONTENDED = 100_000;

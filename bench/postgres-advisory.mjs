@@ -6,9 +6,9 @@
 // looping acquire+release on its own key (so 64 sessions hold locks at once).
 import { createHash, randomBytes } from 'node:crypto';
 import pg from 'pg';
-import { Locker } from '../index.mjs';
+import { Locker } from 'locco-rs';
 import { runBackendBench } from './pairs.mjs';
-import { PostgresAdapter } from '../postgres.mjs';
+import { PostgresAdapter } from 'locco-rs/postgres';
 import { startPostgres } from '../__test__/support/servers.mjs';
 
 const W1_PAIRS = Number(process.env.W1_PAIRS ?? 2_000);

@@ -7,9 +7,9 @@
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
 import Redis from 'ioredis';
-import { Locker } from '../index.mjs';
+import { Locker } from 'locco-rs';
 import { runBackendBench } from './pairs.mjs';
-import { RedisAdapter } from '../redis.mjs';
+import { RedisAdapter } from 'locco-rs/redis';
 import { startRedis } from '../__test__/support/servers.mjs';
 
 const W1_PAIRS = 5_000;

@@ -9,9 +9,9 @@
 // only measure queueing in the servers.
 import { randomBytes } from 'node:crypto';
 import Redis from 'ioredis';
-import { Locker } from '../index.mjs';
+import { Locker } from 'locco-rs';
 import { runBackendBench } from './pairs.mjs';
-import { RedlockAdapter } from '../redis.mjs';
+import { RedlockAdapter } from 'locco-rs/redis';
 import { startRedis } from '../__test__/support/servers.mjs';
 
 const SERVERS = 5;

@@ -84,13 +84,13 @@ function etcdOptions(url) {
 
 /** The backends by URL scheme: a function of the URL that answers a new adapter. */
 const BACKENDS = {
-  redis: (url) => new (require('../redis.js').RedisAdapter)({ url }),
-  rediss: (url) => new (require('../redis.js').RedisAdapter)({ url }),
-  postgres: (url) => new (require('../postgres.js').PostgresAdapter)({ url }),
-  postgresql: (url) => new (require('../postgres.js').PostgresAdapter)({ url }),
-  mongodb: (url) => new (require('../mongo.js').MongoAdapter)({ url }),
-  'mongodb+srv': (url) => new (require('../mongo.js').MongoAdapter)({ url }),
-  etcd: (url) => new (require('../etcd.js').EtcdAdapter)(etcdOptions(url)),
+  redis: (url) => new (require('../entry/redis.js').RedisAdapter)({ url }),
+  rediss: (url) => new (require('../entry/redis.js').RedisAdapter)({ url }),
+  postgres: (url) => new (require('../entry/postgres.js').PostgresAdapter)({ url }),
+  postgresql: (url) => new (require('../entry/postgres.js').PostgresAdapter)({ url }),
+  mongodb: (url) => new (require('../entry/mongo.js').MongoAdapter)({ url }),
+  'mongodb+srv': (url) => new (require('../entry/mongo.js').MongoAdapter)({ url }),
+  etcd: (url) => new (require('../entry/etcd.js').EtcdAdapter)(etcdOptions(url)),
 };
 
 function createAdapter(url) {

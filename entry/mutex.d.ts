@@ -1,4 +1,4 @@
-import type { LockAdapter, LoccoError } from './index.js';
+import type { LockAdapter, LoccoError } from '../index.js';
 
 /** A logical call chain: pass it as `context` to carry ownership across hops by hand. */
 export declare class MutexRunContext {

@@ -1,4 +1,4 @@
-import type { LockAdapter } from './index.js';
+import type { LockAdapter } from '../index.js';
 
 export interface PostgresAdapterOptions {
   /** postgres://user:password@host:port/db; sslmode=require encrypts, verify-full also checks the certificate. */
@@ -56,7 +56,7 @@ export declare class PostgresAdapter implements LockAdapter, AsyncDisposable {
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
   /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
-  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
+  checkSafety(options?: import('../index.js').SafetyCheckOptions): Promise<import('../index.js').SafetyFinding[]>;
 }
 
 /** The statements for a migration: the table and its sequence <tableName>_fence. */

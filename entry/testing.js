@@ -4,8 +4,8 @@
 // pass { describe, it, beforeEach, afterEach }. And chaosAdapter, which wraps an adapter to
 // make its calls fail from a seed.
 
-const { registerContract } = require('./lib/contract.js');
-const { chaosAdapter, ChaosError, CHAOS_FAULTS, DEFAULT_CHAOS_RATES } = require('./lib/chaos.js');
+const { registerContract } = require('../lib/contract.js');
+const { chaosAdapter, ChaosError, CHAOS_FAULTS, DEFAULT_CHAOS_RATES } = require('../lib/chaos.js');
 
 /**
  * Registers the adapter contract suite.

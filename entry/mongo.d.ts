@@ -1,4 +1,4 @@
-import type { LockAdapter } from './index.js';
+import type { LockAdapter } from '../index.js';
 
 export interface MongoAdapterOptions {
   /** mongodb:// or mongodb+srv:// */
@@ -37,7 +37,7 @@ export declare class MongoAdapter implements LockAdapter, AsyncDisposable {
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
   /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
-  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
+  checkSafety(options?: import('../index.js').SafetyCheckOptions): Promise<import('../index.js').SafetyFinding[]>;
 }
 
 export interface MongoIndexSpec {

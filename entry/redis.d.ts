@@ -1,5 +1,5 @@
-import type { LockAdapter } from './index.js';
-export { RedisReplicationError } from './index.js';
+import type { LockAdapter } from '../index.js';
+export { RedisReplicationError } from '../index.js';
 
 export interface RedisAdapterOptions {
   /** One server: redis:// or rediss://, with user and password in the URL. */
@@ -39,7 +39,7 @@ export declare class RedisAdapter implements LockAdapter, AsyncDisposable {
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
   /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
-  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
+  checkSafety(options?: import('../index.js').SafetyCheckOptions): Promise<import('../index.js').SafetyFinding[]>;
 }
 
 export interface RedlockAdapterOptions {
@@ -77,5 +77,5 @@ export declare class RedlockAdapter implements LockAdapter, AsyncDisposable {
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
   /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
-  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
+  checkSafety(options?: import('../index.js').SafetyCheckOptions): Promise<import('../index.js').SafetyFinding[]>;
 }

@@ -1,4 +1,4 @@
-import type { LockAdapter } from './index.js';
+import type { LockAdapter } from '../index.js';
 
 export interface EtcdAdapterOptions {
   /** One per member: 'host:port' or 'http(s)://host:port'. */
@@ -39,5 +39,5 @@ export declare class EtcdAdapter implements LockAdapter, AsyncDisposable {
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
   /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
-  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
+  checkSafety(options?: import('../index.js').SafetyCheckOptions): Promise<import('../index.js').SafetyFinding[]>;
 }

@@ -1,4 +1,4 @@
-import type { LockAdapter } from './index.js';
+import type { LockAdapter } from '../index.js';
 
 /**
  * Locks in this process's memory. Waiters are woken in arrival order on release.
@@ -22,5 +22,5 @@ export declare class InMemoryAdapter implements LockAdapter {
   isHeld(input: { key: string; token: string }): Promise<boolean>;
   acquireFenced(input: { key: string; token: string; ttl: number }): Promise<number | null>;
   /** Checks the deployment against what the locks rely on; reads only. Findings, unsafe first. */
-  checkSafety(options?: import('./index.js').SafetyCheckOptions): Promise<import('./index.js').SafetyFinding[]>;
+  checkSafety(options?: import('../index.js').SafetyCheckOptions): Promise<import('../index.js').SafetyFinding[]>;
 }

@@ -1,4 +1,4 @@
-import type { LockAdapter } from './index.js';
+import type { LockAdapter } from '../index.js';
 
 export interface ContractRunner {
   describe(name: string, fn: () => void): unknown;

@@ -1,0 +1,5 @@
+'use strict';
+
+const { InMemoryAdapter } = require('../lib/adapters.js');
+
+module.exports = { InMemoryAdapter };

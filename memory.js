@@ -1,5 +1,0 @@
-'use strict';
-
-const { InMemoryAdapter } = require('./lib/adapters.js');
-
-module.exports = { InMemoryAdapter };
