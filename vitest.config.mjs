@@ -1,6 +1,6 @@
 export default {
   test: {
-    include: ['__test__/**/*.vitest.mjs'],
+    include: ['__test__/vitest/**/*.vitest.mjs'],
     testTimeout: 20_000,
   },
 };

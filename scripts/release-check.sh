@@ -45,7 +45,7 @@ NODE_MAJOR=24
 read -r -a TARGETS <<<"${LOCCO_RELEASE_TARGETS:-aarch64-unknown-linux-gnu x86_64-unknown-linux-gnu x86_64-unknown-linux-musl}"
 # In-memory, Redis and the mutex suites; locker.test.mjs (every backend) joins when PostgreSQL
 # and secantusd-rs (built by scripts/test-all.sh) are there.
-read -r -a TESTS <<<"${LOCCO_RELEASE_TESTS:-__test__/errors.test.mjs __test__/js-adapter.test.mjs __test__/event-loop.test.mjs __test__/redis.test.mjs __test__/mutex.test.mjs}"
+read -r -a TESTS <<<"${LOCCO_RELEASE_TESTS:-__test__/locker/errors.test.mjs __test__/backends/js-adapter.test.mjs __test__/locker/event-loop.test.mjs __test__/backends/redis.test.mjs __test__/mutex/mutex.test.mjs}"
 MAX_BYTES="${LOCCO_MAX_BINARY_BYTES:-20000000}"
 
 FAILED=()
@@ -330,7 +330,7 @@ smoke() { install_binary "$1" && LOCCO_SMOKE_REDIS_URL="$SMOKE_REDIS_URL" run_no
 suites() {
   local t="$1" files=("${TESTS[@]}")
   if ls -d /usr/lib/postgresql/*/bin >/dev/null 2>&1 && { need secantusd-rs || [ -x "$CACHE/secantus/bin/secantusd-rs" ] || [ -n "${LOCCO_TEST_MONGO_URL:-}" ]; }; then
-    files+=(__test__/locker.test.mjs)
+    files+=(__test__/locker/locker.test.mjs)
   else
     echo "locker.test.mjs skipped: it needs PostgreSQL and secantusd-rs (run scripts/test-all.sh once)"
   fi

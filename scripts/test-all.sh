@@ -88,6 +88,8 @@ npm test
 # loop, exit and worker threads, the packed install, every backend's contract, MutexManager,
 # options). The others are written with `await using`, which Node 22 does not parse.
 "$NODE22" --version
-"$NODE22" --test --test-reporter=spec __test__/errors.test.mjs __test__/js-adapter.test.mjs \
-  __test__/event-loop.test.mjs __test__/process.test.mjs __test__/package.test.mjs \
-  __test__/contract.test.mjs __test__/mutex.test.mjs __test__/options.test.mjs
+"$NODE22" --test --test-reporter=spec \
+  __test__/locker/errors.test.mjs __test__/backends/js-adapter.test.mjs \
+  __test__/locker/event-loop.test.mjs __test__/locker/process.test.mjs \
+  __test__/package/package.test.mjs __test__/backends/contract.test.mjs \
+  __test__/mutex/mutex.test.mjs __test__/locker/options.test.mjs

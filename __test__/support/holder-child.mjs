@@ -1,5 +1,5 @@
 // Takes one holder (a permit, a read or the write) with auto-extension, prints "held" and
-// keeps it until it is killed: the crashed holder of __test__/holders.test.mjs.
+// keeps it until it is killed: the crashed holder of __test__/locker/holders.test.mjs.
 import { Locker } from 'locco-rs';
 import { adapterFor } from './holder-backends.mjs';
 

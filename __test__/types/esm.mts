@@ -1,5 +1,5 @@
 // The ESM view of the package (resolved through the "import" conditions and the .d.mts files).
-// Compiled by __test__/types.test.mjs with TypeScript 5.2 and the latest release.
+// Compiled by __test__/package/types.test.mjs with TypeScript 5.2 and the latest release.
 import { Locker, LockHeldError, type Lock } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';

@@ -1,4 +1,4 @@
-// Uses every public name; compiled by __test__/types.test.mjs with TypeScript 5.2 and 6.x.
+// Uses every public name; compiled by __test__/package/types.test.mjs with TypeScript 5.2 and 6.x.
 import {
   BackendError,
   Locker,
