@@ -3,8 +3,8 @@
 use std::rc::Rc;
 
 use locco_core::{
-    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Begun, Error, Holders, Lock,
-    LockState, Locker, LockerOptions, RetryOverrides, Runtime,
+    validate_ttl, Abort, AcquireOptions, AutoExtend, Backend, Begun, Error, Lock, LockState,
+    Locker, LockerOptions, RetryOverrides, Runtime, Slot,
 };
 use napi::bindgen_prelude::Either;
 use napi_derive::napi;
@@ -262,14 +262,14 @@ pub fn acquire_holder(
         let locker = locker(locker_id)?;
         let key = key.get("key")?;
         let holders = match kind {
-            0 => Holders::Permit {
-                limit: Holders::count("limit", count)?,
+            0 => Slot::Permit {
+                limit: Slot::count("limit", count)?,
             },
-            1 => Holders::Read {
-                max_readers: Holders::count("maxReaders", count)?,
+            1 => Slot::Read {
+                max_readers: Slot::count("maxReaders", count)?,
             },
-            _ => Holders::Write {
-                max_readers: Holders::count("maxReaders", count)?,
+            _ => Slot::Write {
+                max_readers: Slot::count("maxReaders", count)?,
             },
         };
         let options = acquire_options(&locker, ttl, &layer, auto_extend, holder)?;
@@ -351,12 +351,12 @@ fn start_single(
     let done = locco_core::one_reading(|| {
         let begun = locker.begin_acquire(key, &options, abort.as_ref());
         match begun {
-            Ok(Begun::Won(lock)) => ops::finished(Ok(Answer::Number(keep(locker_id, lock)))),
-            Ok(Begun::Waiting(waiting)) => ops::start(
+            Ok(Begun::Acquired(lock)) => ops::finished(Ok(Answer::Number(keep(locker_id, lock)))),
+            Ok(Begun::Pending(pending)) => ops::start(
                 op_id,
                 ops::guard(move || async move {
                     let lock = locker
-                        .finish_acquire(waiting, &options, abort.as_ref())
+                        .finish_acquire(pending, &options, abort.as_ref())
                         .await?;
                     Ok(Answer::Number(keep(locker_id, lock)))
                 }),

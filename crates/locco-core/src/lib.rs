@@ -59,8 +59,8 @@ pub use contract::{
 };
 pub use engine::events::{Event, EventSink, LossListener};
 pub use engine::lock::{Lock, LockState, Releasing, SentRelease};
-pub use engine::locker::holders::{permit_key, read_key, write_key, Holders, MAX_HOLDERS};
-pub use engine::locker::{Begun, Locker, Waiting, QUEUE_LEASE_MS, QUEUE_RECHECK_MS};
+pub use engine::locker::slots::{permit_key, read_key, write_key, Slot, MAX_HOLDERS};
+pub use engine::locker::{Begun, Locker, Pending, QUEUE_LEASE_MS, QUEUE_RECHECK_MS};
 pub use engine::options::{
     validate_key, validate_ttl, AcquireOptions, AutoExtend, LockerOptions, TokenSource,
     MAX_KEY_BYTES,

@@ -123,7 +123,7 @@ impl Harness {
         self.pool.run_until_stalled();
     }
 
-    fn try_take(&mut self, holders: Holders, ttl: u32) -> Option<Lock> {
+    fn try_take(&mut self, holders: Slot, ttl: u32) -> Option<Lock> {
         let locker = self.locker.clone();
         self.pool.run_until(async move {
             locker
@@ -135,7 +135,7 @@ impl Harness {
 
     fn spawn_take(
         &self,
-        holders: Holders,
+        holders: Slot,
         options: AcquireOptions,
     ) -> RemoteHandle<Result<Option<Lock>>> {
         let locker = self.locker.clone();
@@ -164,9 +164,9 @@ fn patient(ttl: u32) -> AcquireOptions {
     })
 }
 
-const PERMITS: Holders = Holders::Permit { limit: 3 };
-const READ: Holders = Holders::Read { max_readers: 4 };
-const WRITE: Holders = Holders::Write { max_readers: 4 };
+const PERMITS: Slot = Slot::Permit { limit: 3 };
+const READ: Slot = Slot::Read { max_readers: 4 };
+const WRITE: Slot = Slot::Write { max_readers: 4 };
 
 #[test]
 fn a_semaphore_admits_limit_holders_each_on_its_own_slot() {
@@ -503,12 +503,12 @@ fn a_permit_taken_while_its_locker_closes_is_given_back_not_returned() {
 #[test]
 fn counts_are_validated_with_the_field_named() {
     for bad in [0.0, 1.5, 1025.0, f64::NAN] {
-        match Holders::count("limit", bad) {
+        match Slot::count("limit", bad) {
             Err(Error::Validation { field, .. }) => assert_eq!(field, "limit"),
             other => panic!("{bad}: {other:?}"),
         }
     }
-    assert_eq!(Holders::count("maxReaders", 1024.0).unwrap(), 1024);
+    assert_eq!(Slot::count("maxReaders", 1024.0).unwrap(), 1024);
 }
 
 /// splitmix64, seeded: the same run on every machine.

@@ -87,3 +87,67 @@ fn the_check_sees_a_path_across_layers() {
         ["Backend"]
     );
 }
+
+/// The two-segment paths after each `crate::<top>::` in `text`, e.g. `lock` for
+/// `crate::engine::lock::Lock` with `top` = `engine`.
+fn paths_under<'a>(text: &'a str, top: &str) -> Vec<&'a str> {
+    let needle = format!("crate::{top}::");
+    text.match_indices(&needle)
+        .map(|(at, m)| {
+            let rest = &text[at + m.len()..];
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .collect()
+}
+
+/// Inside the layers, the folders keep one direction too: a lock knows nothing of the Locker
+/// that made it (`engine/lock` never names `engine::locker`), and a backend uses only itself
+/// and `backend/shared`, never another backend.
+#[test]
+fn a_lock_never_imports_the_locker_and_a_backend_never_another() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    let mut check = |dir: &str, top: &str, allowed: &dyn Fn(&str) -> bool| {
+        let mut files = Vec::new();
+        let path = src.join(dir);
+        if path.is_dir() {
+            rust_files(&path, &mut files);
+        } else {
+            files.push(path.with_extension("rs"));
+        }
+        assert!(!files.is_empty(), "no sources under src/{dir}");
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                for second in paths_under(line, top) {
+                    if !allowed(second) {
+                        let at = file.strip_prefix(&src).unwrap().display().to_string();
+                        found.push(format!("src/{at}:{}: crate::{top}::{second}", n + 1));
+                    }
+                }
+            }
+        }
+    };
+    check("engine/lock", "engine", &|m| m != "locker");
+    for backend in ["etcd", "mongo", "postgres", "redis", "memory"] {
+        check(&format!("backend/{backend}"), "backend", &|m| {
+            m == backend || m == "shared"
+        });
+    }
+    assert!(
+        found.is_empty(),
+        "imports across folders:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_folder_check_reads_the_second_segment() {
+    assert_eq!(
+        paths_under("use crate::engine::locker::Locker; crate::rt::x", "engine"),
+        ["locker"]
+    );
+}

@@ -82,6 +82,14 @@ impl AcquireOptions {
     }
 
     /// Checks every field; the error names the field.
+    /// The first lease: the TTL, cut to `maxHold` when that is shorter.
+    pub(crate) fn first_ttl(&self) -> u32 {
+        match self.auto_extend {
+            Some(ax) if ax.max_hold < self.ttl as f64 => ax.max_hold.max(1.0) as u32,
+            _ => self.ttl,
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         validate_ttl("ttl", self.ttl as f64)?;
         if let Some(h) = &self.holder {

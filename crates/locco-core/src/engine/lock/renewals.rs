@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use crate::contract::Renewal;
-use crate::engine::lock::{begin_extend, finish_extend, LockInner, LockState};
+use crate::engine::lock::state::{begin_extend, finish_extend, LockInner};
 use crate::rt::clock::checked_now;
 use crate::rt::error::Error;
 use crate::rt::task::yield_now;
@@ -32,14 +32,14 @@ impl Renewals {
             due.len() == 1
         };
         if first {
-            let spawner = lock.shared.rt.spawner.clone();
+            let spawner = lock.env().rt.spawner.clone();
             spawner.spawn(Box::pin(async move {
                 yield_now().await;
-                let due = std::mem::take(&mut *lock.shared.renewals.due.borrow_mut());
+                let due = std::mem::take(&mut *lock.env().renewals.due.borrow_mut());
                 let mut due = due.into_iter().peekable();
                 while due.peek().is_some() {
                     let chunk: Vec<_> = due.by_ref().take(CHUNK).collect();
-                    lock.shared.rt.spawner.spawn(Box::pin(send(chunk)));
+                    lock.env().rt.spawner.spawn(Box::pin(send(chunk)));
                     // One chunk per poll: a million renewals must not hold up the host's loop.
                     if due.peek().is_some() {
                         yield_now().await;
@@ -52,22 +52,19 @@ impl Renewals {
 
 /// Sends one chunk of extensions and applies each answer to its lock.
 async fn send(locks: Vec<Rc<LockInner>>) {
-    let Some(shared) = locks.first().map(|l| l.shared.clone()) else {
+    let Some(env) = locks.first().map(|l| l.env().clone()) else {
         return;
     };
     // A clock that cannot be read sends nothing, as a single extension would: the leases then
     // run out and the expiry checks report them.
-    let Ok(sent_at) = checked_now(&*shared.rt.clock) else {
+    let Ok(sent_at) = checked_now(&*env.rt.clock) else {
         return;
     };
     // Locks that lost their lease, began their release or stopped their heartbeat since the
     // tick drop out, and so do those past their hold deadline (begin_extend reports them).
     let sent: Vec<(Rc<LockInner>, u32)> = locks
         .into_iter()
-        .filter(|l| {
-            l.refresh_at(sent_at);
-            l.state.get() == LockState::Held && !l.releasing.get() && !l.heartbeat_stopped.get()
-        })
+        .filter(|l| l.renews_at(sent_at))
         .filter_map(|l| begin_extend(&l, sent_at).ok().map(|ttl| (l, ttl)))
         .collect();
     if sent.is_empty() {
@@ -76,12 +73,12 @@ async fn send(locks: Vec<Rc<LockInner>>) {
     let renewals: Vec<Renewal<'_>> = sent
         .iter()
         .map(|(l, ttl)| Renewal {
-            key: &l.key,
-            token: &l.token,
+            key: l.key(),
+            token: l.token(),
             ttl: *ttl,
         })
         .collect();
-    let op = shared.backend.extend_many(&renewals);
+    let op = env.backend.extend_many(&renewals);
     drop(renewals);
     let answers = match op.await {
         Ok(answers) if answers.len() == sent.len() => answers,
@@ -96,7 +93,7 @@ async fn send(locks: Vec<Rc<LockInner>>) {
         Err(e) => vec![Err(e); sent.len()],
     };
     // One clock reading for the whole answer: it arrived at one moment.
-    let now = shared.rt.clock.now();
+    let now = env.rt.clock.now();
     for ((lock, ttl), answer) in sent.iter().zip(answers) {
         let _ = finish_extend(lock, *ttl, sent_at, now, Some(answer), true);
     }

@@ -1,18 +1,24 @@
-//! A held lease and its state machine: held → lost | released, reported once.
+//! A lock's state and every change to it: held → lost | released, the ending reported once.
+//! The fields are private to this file: the handle ([`super::Lock`]) and the renewal batch
+//! read them through methods and change them only through the methods here.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use futures_util::FutureExt;
-
-use crate::engine::events::Event;
-use crate::engine::options::validate_ttl;
-use crate::engine::scheduler::{Due, Scheduled, TICK_EARLY_MS};
-use crate::engine::shared::Shared;
+use crate::contract::Backend;
+use crate::engine::events::{Event, EventSink, LossListener};
+use crate::engine::lock::renewals::Renewals;
+use crate::engine::options::AcquireOptions;
+use crate::engine::scheduler::{Due, Scheduled, Scheduler, TICK_EARLY_MS};
 use crate::rt::clock::{checked_now, lease_end};
 use crate::rt::error::{Error, LostReason, Result};
+use crate::rt::runtime::Runtime;
 use crate::rt::task::{first, First};
 use crate::rt::timer::sleep_until;
+
+thread_local! {
+    static NEXT_LOCK_ID: Cell<u64> = const { Cell::new(1) };
+}
 
 /// The state of a lock, as `lock.state` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,202 +44,201 @@ pub(crate) struct Heartbeat {
     pub max_lag: f64,
 }
 
+/// What a held lock uses of the Locker that made it: one per Locker, shared by its locks.
+pub(crate) struct Env {
+    pub backend: Rc<dyn Backend>,
+    pub rt: Runtime,
+    pub events: Option<Rc<dyn EventSink>>,
+    pub loss: Option<Rc<dyn LossListener>>,
+    /// Heartbeat ticks and expiry checks of every lock of the Locker.
+    pub scheduler: Rc<Scheduler>,
+    /// The heartbeat extensions due in this turn of the engine.
+    pub renewals: Renewals,
+}
+
 pub(crate) struct LockInner {
-    pub id: u64,
-    pub shared: Rc<Shared>,
-    pub key: String,
-    pub token: String,
-    pub fence: Option<u64>,
+    id: u64,
+    env: Rc<Env>,
+    key: String,
+    token: String,
+    fence: Option<u64>,
     /// When the request for the first lease left.
-    pub acquired_at: f64,
+    acquired_at: f64,
     /// The hold deadline (`maxHold`), with auto-extension.
-    pub deadline: Option<f64>,
-    pub heartbeat: Option<Heartbeat>,
+    deadline: Option<f64>,
+    heartbeat: Option<Heartbeat>,
     /// The latest lease length asked for.
-    pub ttl: Cell<u32>,
-    pub lease_end: Cell<f64>,
+    ttl: Cell<u32>,
+    lease_end: Cell<f64>,
     /// The current lease was shortened to fit the deadline.
-    pub clamped: Cell<bool>,
-    pub state: Cell<LockState>,
-    pub lost_reason: Cell<Option<LostReason>>,
-    pub lost_cause: RefCell<Option<Error>>,
-    pub ended_at: Cell<Option<f64>>,
+    clamped: Cell<bool>,
+    state: Cell<LockState>,
+    lost_reason: Cell<Option<LostReason>>,
+    lost_cause: RefCell<Option<Error>>,
+    ended_at: Cell<Option<f64>>,
     /// `lost` or `released` was reported; a lock reports its ending once.
-    pub ending_reported: Cell<bool>,
-    pub releasing: Cell<bool>,
-    pub extending: Cell<u32>,
+    ending_reported: Cell<bool>,
+    releasing: Cell<bool>,
+    extending: Cell<u32>,
     /// The earliest lease end any extension of the current overlapping group (requests in
     /// flight at the same time, transitively) would give.
-    pub group_min: Cell<f64>,
-    pub last_extend_error: RefCell<Option<Error>>,
-    pub heartbeat_stopped: Cell<bool>,
+    group_min: Cell<f64>,
+    last_extend_error: RefCell<Option<Error>>,
+    heartbeat_stopped: Cell<bool>,
     /// Somebody listens for the loss: expiry is checked on a timer, not only when read.
-    pub watched: Cell<bool>,
+    watched: Cell<bool>,
     /// When the one live expiry check of this lock is due (infinite: none is).
-    pub expiry_at: Cell<f64>,
+    expiry_at: Cell<f64>,
 }
 
-/// A held lock. Cheap to clone: clones share one state.
-#[derive(Clone)]
-pub struct Lock(pub(crate) Rc<LockInner>);
+impl LockInner {
+    /// The lock of a grant whose request left at `sent_at`: held, its lease checked on a timer
+    /// when somebody listens, its heartbeat scheduled, and its session watched.
+    pub(crate) fn granted(
+        env: &Rc<Env>,
+        key: String,
+        token: String,
+        fence: Option<u64>,
+        sent_at: f64,
+        options: &AcquireOptions,
+    ) -> Rc<LockInner> {
+        let ttl = options.first_ttl();
+        let heartbeat = options.auto_extend.map(|ax| {
+            let interval = ax.interval.unwrap_or(options.ttl as f64 / 3.0);
+            Heartbeat {
+                interval,
+                max_lag: ax.max_event_loop_lag.unwrap_or(interval),
+            }
+        });
+        let id = NEXT_LOCK_ID.with(|n| n.replace(n.get() + 1));
+        let watched = env.events.is_some() || heartbeat.is_some();
+        let inner = Rc::new(LockInner {
+            id,
+            env: env.clone(),
+            key,
+            token,
+            fence,
+            acquired_at: sent_at,
+            deadline: options.auto_extend.map(|ax| sent_at + ax.max_hold),
+            heartbeat,
+            ttl: Cell::new(options.ttl),
+            lease_end: Cell::new(lease_end(sent_at, ttl)),
+            clamped: Cell::new(ttl < options.ttl),
+            state: Cell::new(LockState::Held),
+            lost_reason: Cell::new(None),
+            lost_cause: RefCell::new(None),
+            ended_at: Cell::new(None),
+            ending_reported: Cell::new(false),
+            releasing: Cell::new(false),
+            extending: Cell::new(0),
+            group_min: Cell::new(f64::INFINITY),
+            last_extend_error: RefCell::new(None),
+            heartbeat_stopped: Cell::new(false),
+            watched: Cell::new(watched),
+            expiry_at: Cell::new(f64::INFINITY),
+        });
+        if watched {
+            inner.check_expiry_by(inner.lease_end.get());
+        }
+        if let Some(hb) = heartbeat {
+            inner.schedule_tick(sent_at + hb.interval, hb);
+        }
+        if let Some(gone) = env.backend.watch_lost(&inner.key, &inner.token) {
+            // Weak: a lock nobody holds any more needs no news of its session.
+            let lock = Rc::downgrade(&inner);
+            env.rt.spawner.spawn(Box::pin(async move {
+                if gone.await.is_ok() {
+                    if let Some(lock) = lock.upgrade() {
+                        lock.lose(LostReason::Session, None, lock.now());
+                    }
+                }
+            }));
+        }
+        inner
+    }
 
-impl std::fmt::Debug for Lock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lock")
-            .field("id", &self.0.id)
-            .field("key", &self.0.key)
-            .field("state", &self.0.state.get())
-            .finish()
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
-}
-
-/// What [`Lock::begin_release`] did.
-pub enum Releasing {
-    /// Answered within the call.
-    Done(Result<bool>),
-    /// Sent; [`Lock::finish_release`] waits for the answer.
-    Sent(SentRelease),
-}
-
-/// A release request still out. Hand it to [`Lock::finish_release`] at once: until its answer
-/// is applied, the lock counts as being released.
-pub struct SentRelease {
-    op: crate::contract::Op<bool>,
-    /// Whether the lock was held when it left (a lost one's answer is awaited in full).
-    was_held: bool,
-}
-
-impl Lock {
-    /// A process-unique id.
-    pub fn id(&self) -> u64 {
-        self.0.id
+    pub(crate) fn env(&self) -> &Rc<Env> {
+        &self.env
     }
-    /// The key, prefix included.
-    pub fn key(&self) -> &str {
-        &self.0.key
+    pub(crate) fn key(&self) -> &str {
+        &self.key
     }
-    pub fn token(&self) -> &str {
-        &self.0.token
+    pub(crate) fn token(&self) -> &str {
+        &self.token
     }
-    /// The fencing token of this grant, when the Locker takes them.
-    pub fn fence(&self) -> Option<u64> {
-        self.0.fence
+    pub(crate) fn fence(&self) -> Option<u64> {
+        self.fence
     }
-    /// The latest lease length asked for, in ms.
-    pub fn ttl(&self) -> u32 {
-        self.0.ttl.get()
+    pub(crate) fn ttl(&self) -> u32 {
+        self.ttl.get()
     }
-    /// The state now: reading it checks the lease clock.
-    pub fn state(&self) -> LockState {
-        self.0.refresh();
-        self.0.state.get()
+    pub(crate) fn lease_end(&self) -> f64 {
+        self.lease_end.get()
     }
-    /// Why the lock was lost, if it was.
-    pub fn lost_reason(&self) -> Option<LostReason> {
-        self.0.refresh();
-        self.0.lost_reason.get()
+    /// The state as last judged (read [`Self::refresh`] first to judge it now).
+    pub(crate) fn state(&self) -> LockState {
+        self.state.get()
     }
-    /// What caused the loss (the last extension error for `extend-failed`).
-    pub fn lost_cause(&self) -> Option<Error> {
-        self.0.lost_cause.borrow().clone()
+    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        self.lost_reason.get()
     }
-    /// How long the lock has been held; stops counting at loss or release.
-    pub fn held_ms(&self) -> f64 {
-        self.0.refresh();
-        self.0.held_ms()
-    }
-    /// When the local lease ends, on the Locker's clock.
-    pub fn lease_end(&self) -> f64 {
-        self.0.lease_end.get()
+    pub(crate) fn lost_cause(&self) -> Option<Error> {
+        self.lost_cause.borrow().clone()
     }
 
     /// Checks the lease on a timer from now on, so a loss is reported when it happens.
-    pub fn watch(&self) {
-        let inner = &self.0;
-        if !inner.watched.replace(true) && inner.state.get() == LockState::Held {
-            inner.check_expiry_by(inner.lease_end.get());
+    pub(super) fn watch(self: &Rc<Self>) {
+        if !self.watched.replace(true) && self.state.get() == LockState::Held {
+            self.check_expiry_by(self.lease_end.get());
         }
     }
 
-    /// Deletes our key. `true` when it did, `false` when the key was gone or another holder's
-    /// (the lock is then reported lost). A backend error leaves the state as it was, so a later
-    /// call can try again; with `final_attempt` the heartbeat stops all the same, because nobody
-    /// will release the lock again.
-    pub async fn release(&self, final_attempt: bool) -> Result<bool> {
-        match self.begin_release(final_attempt) {
-            Releasing::Done(answer) => answer,
-            Releasing::Sent(sent) => self.finish_release(sent, final_attempt).await,
-        }
+    /// Stops the heartbeat for good.
+    pub(super) fn stop_heartbeat(&self) {
+        self.heartbeat_stopped.set(true);
     }
 
-    /// The start of [`Self::release`], within the call: the whole of it when the backend
-    /// answered at once (in memory), so that such a release builds no future.
-    pub fn begin_release(&self, final_attempt: bool) -> Releasing {
-        let inner = &self.0;
-        if inner.state.get() == LockState::Released || inner.releasing.get() {
-            return Releasing::Done(Ok(false));
+    /// Marks a release as begun: `Some(held)` with whether the lock was held then, `None` when
+    /// it is released or a release is already out.
+    pub(super) fn begin_release(&self) -> Option<bool> {
+        if self.state.get() == LockState::Released || self.releasing.get() {
+            return None;
         }
+        self.releasing.set(true);
         // No clock read before sending: a lease that already ran out is found by the read after.
-        let was_held = inner.state.get() == LockState::Held;
-        inner.releasing.set(true);
-        let mut op = inner.shared.backend.release(&inner.key, &inner.token);
-        if op.is_ready() {
-            let answer = (&mut op).now_or_never().expect("a ready answer");
-            return Releasing::Done(self.released(answer, final_attempt));
-        }
-        Releasing::Sent(SentRelease { op, was_held })
-    }
-
-    /// The rest of a release whose answer [`Self::begin_release`] did not have.
-    pub async fn finish_release(&self, sent: SentRelease, final_attempt: bool) -> Result<bool> {
-        let SentRelease { op, was_held } = sent;
-        let inner = &self.0;
-        // Past the lease end the answer no longer matters: the key is free either way. A lease
-        // already lost leaves the release only tidying up, which waits one ttl at most: a
-        // backend that never answers must not hold up the caller for ever.
-        let rt = &inner.shared.rt;
-        let lost_until = (!was_held).then(|| rt.clock.now() + f64::from(inner.ttl.get()));
-        let bound = async {
-            match lost_until {
-                None => inner.lease_over().await,
-                Some(until) => sleep_until(&*rt.clock, &*rt.timer, until).await,
-            }
-        };
-        let answer = match Box::pin(first(op, bound)).await {
-            First::Left(r) => r,
-            First::Right(()) => Ok(false),
-        };
-        self.released(answer, final_attempt)
+        Some(self.state.get() == LockState::Held)
     }
 
     /// Applies a release's answer to the lock.
-    fn released(&self, answer: Result<bool>, final_attempt: bool) -> Result<bool> {
-        let inner = &self.0;
-        inner.releasing.set(false);
+    pub(super) fn released(&self, answer: Result<bool>, final_attempt: bool) -> Result<bool> {
+        self.releasing.set(false);
         match answer {
             Ok(deleted) => {
-                let now = inner.now();
-                inner.refresh_at(now);
-                if inner.state.get() == LockState::Held {
+                let now = self.now();
+                self.refresh_at(now);
+                if self.state.get() == LockState::Held {
                     if deleted {
-                        inner.ended_at.set(Some(now));
-                        inner.report_end(|held_ms, key, ttl| Event::Released { key, ttl, held_ms });
+                        self.ended_at.set(Some(now));
+                        self.report_end(|held_ms, key, ttl| Event::Released { key, ttl, held_ms });
                     } else {
-                        inner.lose(LostReason::Release, None, now);
+                        self.lose(LostReason::Release, None, now);
                     }
                 }
-                if inner.ended_at.get().is_none() {
-                    inner.ended_at.set(Some(now));
+                if self.ended_at.get().is_none() {
+                    self.ended_at.set(Some(now));
                 }
-                inner.state.set(LockState::Released);
-                inner.heartbeat_stopped.set(true);
+                self.state.set(LockState::Released);
+                self.heartbeat_stopped.set(true);
                 Ok(deleted)
             }
             Err(e) => {
                 if final_attempt {
-                    inner.heartbeat_stopped.set(true);
+                    self.heartbeat_stopped.set(true);
                 }
-                inner.emit(|held_ms, key, ttl| Event::ReleaseFailed {
+                self.emit(|held_ms, key, ttl| Event::ReleaseFailed {
                     key,
                     ttl,
                     held_ms,
@@ -244,54 +249,47 @@ impl Lock {
         }
     }
 
-    /// A new lease of `ttl` ms from now, clamped to the hold deadline.
-    pub async fn extend(&self, ttl: u32) -> Result<()> {
-        validate_ttl("ttl", ttl as f64)?;
-        let inner = &self.0;
-        if inner.state.get() == LockState::Released || inner.releasing.get() {
+    /// Takes `ttl` as the lease length of the next extensions, once the lock is found held.
+    pub(super) fn begin_manual_extend(&self, ttl: u32) -> Result<()> {
+        if self.state.get() == LockState::Released || self.releasing.get() {
             return Err(Error::State(format!(
                 "lock {:?} is released or being released; it cannot be extended",
-                inner.key
+                self.key
             )));
         }
         // Checked before the lease is judged by it: a NaN reading would pass for "expired".
-        let now = checked_now(&*inner.shared.rt.clock)?;
-        inner.refresh_at(now);
-        if inner.state.get() == LockState::Lost {
-            return Err(inner.lost_error());
+        let now = checked_now(&*self.env.rt.clock)?;
+        self.refresh_at(now);
+        if self.state.get() == LockState::Lost {
+            return Err(self.lost_error());
         }
-        inner.ttl.set(ttl);
-        extend_once(&self.0, false).await
+        self.ttl.set(ttl);
+        Ok(())
     }
 
-    /// One look at the backend. A `false` while held marks the lock lost (`observed`).
-    pub async fn is_held(&self) -> Result<bool> {
-        let inner = &self.0;
-        let held = inner
-            .shared
-            .backend
-            .is_held(&inner.key, &inner.token)
-            .await?;
-        inner.refresh();
-        if !held && inner.state.get() == LockState::Held {
-            inner.lose(LostReason::Observed, None, inner.now());
+    /// Applies what a look at the backend found: a key no longer ours while held is a loss.
+    pub(super) fn observed(&self, held: bool) {
+        self.refresh();
+        if !held && self.state.get() == LockState::Held {
+            self.lose(LostReason::Observed, None, self.now());
         }
-        Ok(held)
     }
 
-    /// Stops the heartbeat for good (the caller gave up on releasing the lock).
-    pub fn stop_heartbeat(&self) {
-        self.0.heartbeat_stopped.set(true);
+    /// Whether a heartbeat renewal sent at `now` should include this lock: held, not being
+    /// released, heartbeat going.
+    pub(super) fn renews_at(&self, now: f64) -> bool {
+        self.refresh_at(now);
+        self.state.get() == LockState::Held
+            && !self.releasing.get()
+            && !self.heartbeat_stopped.get()
     }
-}
 
-impl LockInner {
     pub(crate) fn now(&self) -> f64 {
-        self.shared.rt.clock.now()
+        self.env.rt.clock.now()
     }
 
     fn schedule(self: &Rc<Self>, at: f64, due: Due) {
-        self.shared.scheduler.push(&self.shared.rt, at, due, self);
+        self.env.scheduler.push(&self.env.rt, at, due, self);
     }
 
     /// Makes sure the lease is checked no later than `end`. A lock keeps one live check: one
@@ -311,17 +309,15 @@ impl LockInner {
     /// request left.
     pub(crate) fn schedule_tick(self: &Rc<Self>, at: f64, hb: Heartbeat) {
         let early = (hb.interval / 20.0).min(TICK_EARLY_MS);
-        self.shared
-            .scheduler
-            .push_tick(&self.shared.rt, at, early, self);
+        self.env.scheduler.push_tick(&self.env.rt, at, early, self);
     }
 
     /// Resolves when the clock passes the current lease end (re-reading it, since an extension
     /// can move it).
-    async fn lease_over(&self) {
+    pub(super) async fn lease_over(&self) {
         loop {
             let end = self.lease_end.get();
-            sleep_until(&*self.shared.rt.clock, &*self.shared.rt.timer, end).await;
+            sleep_until(&*self.env.rt.clock, &*self.env.rt.timer, end).await;
             if self.lease_end.get() <= end {
                 return;
             }
@@ -344,7 +340,7 @@ impl LockInner {
         if now < end {
             // A lease on a session ends with it, whatever its own end says.
             let session_over = self
-                .shared
+                .env
                 .backend
                 .session_left(&self.key, &self.token)
                 .is_some_and(|left| left <= 0.0);
@@ -382,7 +378,7 @@ impl LockInner {
             reason,
             error: cause.as_ref(),
         });
-        if let Some(l) = &self.shared.options.loss {
+        if let Some(l) = &self.env.loss {
             l.lost(self.id, reason, cause.as_ref());
         }
     }
@@ -395,13 +391,13 @@ impl LockInner {
         }
     }
 
-    fn held_ms(&self) -> f64 {
+    pub(crate) fn held_ms(&self) -> f64 {
         let end = self.ended_at.get().unwrap_or_else(|| self.now());
         (end - self.acquired_at).max(0.0)
     }
 
     pub(crate) fn emit<'a>(&'a self, make: impl FnOnce(f64, &'a str, u32) -> Event<'a>) {
-        if let Some(sink) = &self.shared.options.events {
+        if let Some(sink) = &self.env.events {
             sink.emit(&make(self.held_ms(), &self.key, self.ttl.get()));
         }
     }
@@ -445,15 +441,15 @@ fn on_due(lock: &Rc<LockInner>, due: Due, at: f64) {
         lock.schedule(now + hb.interval / 3.0, Due::Tick);
         return;
     }
-    lock.shared.renewals.add(lock.clone());
+    lock.env.renewals.add(lock.clone());
 }
 
 /// Sends one extension of `lock.ttl` (clamped to the deadline) and applies its answer.
-async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> {
+pub(super) async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> {
     // A non-finite reading would turn into a made-up ttl below: refuse it before sending.
-    let sent_at = checked_now(&*inner.shared.rt.clock)?;
+    let sent_at = checked_now(&*inner.env.rt.clock)?;
     let ttl = begin_extend(inner, sent_at)?;
-    let op = inner.shared.backend.extend(&inner.key, &inner.token, ttl);
+    let op = inner.env.backend.extend(&inner.key, &inner.token, ttl);
     let answer = match first(op, inner.lease_over()).await {
         First::Left(r) => Some(r),
         First::Right(()) => None,
@@ -463,7 +459,7 @@ async fn extend_once(inner: &Rc<LockInner>, from_heartbeat: bool) -> Result<()> 
 
 /// The part of an extension before its request leaves at `sent_at`: the ttl to ask for
 /// (clamped to the hold deadline), with the lease judged as if the request were applied now.
-pub(crate) fn begin_extend(inner: &Rc<LockInner>, sent_at: f64) -> Result<u32> {
+pub(super) fn begin_extend(inner: &Rc<LockInner>, sent_at: f64) -> Result<u32> {
     let mut ttl = inner.ttl.get();
     if let Some(deadline) = inner.deadline {
         let left = (deadline - sent_at).floor();
@@ -496,7 +492,7 @@ pub(crate) fn begin_extend(inner: &Rc<LockInner>, sent_at: f64) -> Result<u32> {
 
 /// Applies the answer to an extension of `ttl` that left at `sent_at`, read at `now`; `None`
 /// when the lease ran out before any answer came.
-pub(crate) fn finish_extend(
+pub(super) fn finish_extend(
     inner: &Rc<LockInner>,
     ttl: u32,
     sent_at: f64,

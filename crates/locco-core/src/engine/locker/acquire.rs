@@ -1,133 +1,32 @@
-//! The Locker: acquisition with retries and the lease clock, over any backend.
-
-use std::cell::{Cell, RefCell};
-use std::rc::Rc;
+//! Taking keys: the first try within the call, then the retry loop with the lease clock,
+//! the fair queue and give-backs of grants nobody will use; `try_acquire` and `acquire_many`.
 
 use futures_util::future::Either;
 use futures_util::FutureExt;
 
-use crate::contract::value::{labelled, validate_token};
-use crate::contract::KeyInfo;
-use crate::contract::{Backend, Op, Waiter};
+use crate::contract::value::labelled;
+use crate::contract::Waiter;
 use crate::engine::events::Event;
-use crate::engine::lock::{Heartbeat, Lock, LockInner, LockState};
-use crate::engine::options::{validate_key, AcquireOptions, LockerOptions};
-use crate::engine::retry::{Delay, DelayInput, RetryPolicy};
-use crate::engine::shared::Shared;
-use crate::rt::clock::checked_now;
+use crate::engine::lock::{Lock, LockInner, LockState};
+use crate::engine::locker::grant::{GrantAnswer, GrantOp};
+use crate::engine::locker::waiter_id::{next_waiter_id, WaiterId};
+use crate::engine::locker::{Locker, QUEUE_LEASE_MS, QUEUE_RECHECK_MS};
+use crate::engine::options::AcquireOptions;
+use crate::engine::retry::{Delay, DelayInput};
 use crate::rt::clock::lease_end;
-use crate::rt::error::{BackendErrorKind, Error, HeldReason, LostReason, Result};
-use crate::rt::ids::random_token;
-use crate::rt::runtime::{aborted, Abort, Runtime};
+use crate::rt::error::{BackendErrorKind, Error, HeldReason, Result};
+use crate::rt::runtime::{aborted, Abort};
 use crate::rt::task::{boxed, first, First};
 use crate::rt::timer::{sleep_until, sleep_until_from};
 
-pub(crate) mod holders;
-
 /// The shortest wait between attempts: one timer tick, so retries never spin.
-const MIN_WAIT_MS: f64 = 1.0;
-
-/// How long a place in a backend's fair queue lives without its waiter's next attempt: a
-/// waiter that died holds up the queue for at most this long.
-pub const QUEUE_LEASE_MS: u32 = 3000;
-/// The longest wait between attempts of a queued waiter: the backstop for a lost push, and
-/// how its place is renewed (well within [`QUEUE_LEASE_MS`]).
-pub const QUEUE_RECHECK_MS: f64 = 1000.0;
-
-thread_local! {
-    static NEXT_LOCK_ID: Cell<u64> = const { Cell::new(1) };
-    /// Waiter ids: a prefix unique across processes (so ids from two hosts never meet in
-    /// one queue), and the next serial number. One thread-local: a first try that may join a
-    /// queue makes an id, won or not.
-    static WAITERS: Cell<([u8; 16], u64)> = Cell::new((waiter_prefix(), 1));
-}
-
-fn waiter_prefix() -> [u8; 16] {
-    let mut prefix = [0; 16];
-    prefix.copy_from_slice(&random_token().as_bytes()[..16]);
-    prefix
-}
+pub(super) const MIN_WAIT_MS: f64 = 1.0;
 
 /// The longest an acquisition that failed on contention waits to learn who holds the key.
 const HOLDER_READ_MS: f64 = 250.0;
 
-/// A waiter id: unique, and not the token (the queue may be read by others). Made on the
-/// stack: a first try that joins a queue in this process makes one, and most of them win
-/// and keep none.
-struct WaiterId {
-    bytes: [u8; 16 + 1 + 16],
-    len: usize,
-}
-
-impl WaiterId {
-    fn next() -> Self {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let (prefix, n) = WAITERS.with(|w| {
-            let (prefix, n) = w.get();
-            w.set((prefix, n.wrapping_add(1)));
-            (prefix, n)
-        });
-        // By hand: `format!` cost a fiftieth of a contended hand-off.
-        let mut id = WaiterId {
-            bytes: [0; 33],
-            len: 17,
-        };
-        id.bytes[..16].copy_from_slice(&prefix);
-        id.bytes[16] = b'.';
-        let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
-        for shift in (0..digits).rev() {
-            id.bytes[id.len] = HEX[((n >> (shift * 4)) & 0xf) as usize];
-            id.len += 1;
-        }
-        id
-    }
-
-    fn as_str(&self) -> &str {
-        // SAFETY: the prefix is hex digits (a random token's), then '.' and hex digits.
-        unsafe { std::str::from_utf8_unchecked(&self.bytes[..self.len]) }
-    }
-}
-
-fn next_waiter_id() -> String {
-    WaiterId::next().as_str().to_owned()
-}
-
-/// Takes and holds leases on one backend.
-///
-/// ```
-/// use std::rc::Rc;
-/// use futures_executor::LocalPool;
-/// use futures_util::task::LocalSpawnExt;
-/// use locco_core::{AcquireOptions, Locker, LockerOptions, MemoryBackend, Runtime, Spawn};
-///
-/// struct Spawner(futures_executor::LocalSpawner);
-/// impl Spawn for Spawner {
-///     fn spawn(&self, task: locco_core::LocalFuture<()>) {
-///         self.0.spawn_local(task).unwrap();
-///     }
-/// }
-///
-/// let mut pool = LocalPool::new();
-/// let rt = Runtime::system(Rc::new(Spawner(pool.spawner())));
-/// let locker = Locker::new(Rc::new(MemoryBackend::default()), rt, LockerOptions::default()).unwrap();
-/// pool.run_until(async {
-///     let lock = locker.acquire("order:1", AcquireOptions::new(10_000), None).await.unwrap();
-///     assert!(lock.release(true).await.unwrap());
-/// });
-/// ```
-///
-/// # Behavior
-/// - A lease starts when the request leaves and ends 1% of the TTL early on the Locker's clock;
-///   an answer that arrives after that is a failure, and a grant is given back.
-/// - Contention is [`Error::Held`]; a backend failure is never mistaken for it.
-/// - A lock is not re-entrant: a second acquire of a held key waits like anyone else.
-#[derive(Clone)]
-pub struct Locker {
-    shared: Rc<Shared>,
-}
-
 /// How one attempt ended.
-enum Attempt {
+pub(super) enum Attempt {
     /// Granted under the attempt's token, sent at its `sent_at`.
     Won {
         fence: Option<u64>,
@@ -142,146 +41,6 @@ enum Attempt {
 }
 
 impl Locker {
-    pub fn new(backend: Rc<dyn Backend>, rt: Runtime, options: LockerOptions) -> Result<Self> {
-        if options.fencing && !backend.supports_fencing() {
-            return Err(Error::validation(
-                "fencing",
-                backend.no_fencing_reason().unwrap_or_else(|| {
-                    format!(
-                        "the {} adapter has no acquireFenced method, so it cannot hand out fencing tokens",
-                        backend.name()
-                    )
-                }),
-            ));
-        }
-        let retry = RetryPolicy::default().merged(&options.retry);
-        Ok(Locker {
-            shared: Rc::new(Shared {
-                backend,
-                rt,
-                options,
-                retry,
-                scheduler: Rc::default(),
-                renewals: Default::default(),
-                closed: Abort::new(),
-            }),
-        })
-    }
-
-    /// The Locker's retry policy (built-in defaults under the Locker's options).
-    pub fn retry(&self) -> &RetryPolicy {
-        &self.shared.retry
-    }
-
-    pub fn backend(&self) -> &Rc<dyn Backend> {
-        &self.shared.backend
-    }
-
-    /// The prefixed key, checked.
-    pub fn full_key(&self, key: &str) -> Result<String> {
-        self.prefixed(key.to_owned())
-    }
-
-    /// [`Self::full_key`] of a key the caller hands over: without a prefix it is the key itself,
-    /// no copy made.
-    fn prefixed(&self, mut key: String) -> Result<String> {
-        if key.is_empty() {
-            return Err(Error::validation("key", "must be a non-empty string"));
-        }
-        key.insert_str(0, &self.shared.options.key_prefix);
-        validate_key(&key)?;
-        Ok(key)
-    }
-
-    /// What the backend knows about `key` (the Locker's prefix added): held or not, the
-    /// lease's time left, the key's last fence, the holder's label. Never the token.
-    pub async fn inspect(&self, key: &str) -> Result<KeyInfo> {
-        let key = self.full_key(key)?;
-        self.shared.backend.inspect(&key).await
-    }
-
-    /// The held keys that start with the Locker's prefix and `prefix`, at most `limit`.
-    /// Their `key` is given without the Locker's prefix.
-    pub async fn list(&self, prefix: &str, limit: u32) -> Result<Vec<KeyInfo>> {
-        let own = &self.shared.options.key_prefix;
-        let full = format!("{own}{prefix}");
-        let mut found = self.shared.backend.list(&full, limit).await?;
-        for info in &mut found {
-            if let Some(rest) = info.key.strip_prefix(own.as_str()) {
-                info.key = rest.to_owned();
-            }
-        }
-        Ok(found)
-    }
-
-    /// Deletes whatever lease holds `key` (the Locker's prefix added), whatever its token:
-    /// `true` when a live lease was removed. An operator's tool: the holder is not told, and
-    /// learns it only at its next extend or `is_held`.
-    pub async fn force_release(&self, key: &str) -> Result<bool> {
-        let key = self.full_key(key)?;
-        self.shared.backend.force_release(&key).await
-    }
-
-    /// Closes the Locker: acquisitions still waiting end with [`Error::State`], a grant still
-    /// in flight is given back when it arrives, and later acquisitions are refused. Locks
-    /// already held stay with their holders (release them). Calling it again does nothing.
-    pub fn close(&self) {
-        self.shared.closed.abort();
-    }
-
-    pub fn is_closed(&self) -> bool {
-        self.shared.closed.is_aborted()
-    }
-
-    fn closed_error() -> Error {
-        Error::State("this Locker is closed: make a new one to take more locks".into())
-    }
-
-    /// What an acquisition watches to stop: the caller's abort, and the Locker's closing.
-    fn stop(&self, caller: Option<&Abort>) -> Abort {
-        let stop = Abort::new();
-        stop.follow(&self.shared.closed);
-        if let Some(caller) = caller {
-            stop.follow(caller);
-        }
-        stop
-    }
-
-    /// An acquisition's outcome once it stopped: stopped by the Locker's closing (and not by
-    /// the caller), it is the closed Locker's error.
-    fn stopped<T>(&self, caller: Option<&Abort>, outcome: Result<T>) -> Result<T> {
-        match outcome {
-            Err(Error::Aborted) if self.is_closed() && !caller.is_some_and(Abort::is_aborted) => {
-                Err(Self::closed_error())
-            }
-            outcome => outcome,
-        }
-    }
-
-    /// A fresh token: every attempt sends its own, so a give-back of one attempt's grant can
-    /// never delete the grant of another attempt of the same acquisition.
-    fn token(&self) -> Result<String> {
-        match &self.shared.options.token {
-            Some(make) => {
-                let token = make()?;
-                validate_token(&token)?;
-                Ok(token)
-            }
-            None => Ok(random_token()),
-        }
-    }
-
-    fn now(&self) -> Result<f64> {
-        checked_now(&*self.shared.rt.clock)
-    }
-
-    /// Builds and sends an event only when somebody listens.
-    fn emit<'a>(&self, make: impl FnOnce() -> Event<'a>) {
-        if let Some(sink) = &self.shared.options.events {
-            sink.emit(&make());
-        }
-    }
-
     /// Acquires `key`, retrying while another holder has it, within `options.retry`.
     /// `abort` stops the retry loop; a grant in flight at that moment is given back.
     pub async fn acquire(
@@ -298,15 +57,15 @@ impl Locker {
     }
 
     /// [`Self::acquire`] of a key already prefixed, with options already checked.
-    async fn acquire_key(
+    pub(super) async fn acquire_key(
         &self,
         key: String,
         options: &AcquireOptions,
         abort: Option<&Abort>,
     ) -> Result<Lock> {
         match self.begin_key(key, options, abort)? {
-            Begun::Won(lock) => Ok(lock),
-            Begun::Waiting(waiting) => self.finish_acquire(waiting, options, abort).await,
+            Begun::Acquired(lock) => Ok(lock),
+            Begun::Pending(pending) => self.finish_acquire(pending, options, abort).await,
         }
     }
 
@@ -344,22 +103,22 @@ impl Locker {
         let first_token = self.token()?;
         let first_len = first_token.len();
         let token = labelled(first_token, options.holder.as_deref());
-        let ttl = first_ttl(options);
+        let ttl = options.first_ttl();
         // The first try joins a queue kept in this process when it may wait: the join costs
         // no more than a plain try, and a second request at once after it.
         let joins = options.retry.retries != Some(0)
-            && (self.shared.backend.queue()).is_some_and(|q| q.joins_on_first_try());
+            && (self.core.env.backend.queue()).is_some_and(|q| q.joins_on_first_try());
         let waiter = joins.then(WaiterId::next);
         let waiter_id = waiter.as_ref().map(WaiterId::as_str);
         let first = match self.attempt_now(&key, &token, ttl, start, abort, waiter_id) {
             Ok(Ok(Attempt::Won { fence, at })) => {
                 let lock = self.won(key, token, fence, start, options, start, 1, Some(at))?;
-                return Ok(Begun::Won(lock));
+                return Ok(Begun::Acquired(lock));
             }
             Ok(answered) => FirstTry::Answered(answered),
             Err(op) => FirstTry::Sent(op),
         };
-        Ok(Begun::Waiting(Waiting {
+        Ok(Begun::Pending(Pending {
             key,
             start,
             place: waiter_id.map(str::to_owned),
@@ -375,23 +134,23 @@ impl Locker {
     /// try's answer, then the attempts of the retry policy until one wins.
     pub async fn finish_acquire(
         &self,
-        waiting: Waiting,
+        pending: Pending,
         options: &AcquireOptions,
         abort: Option<&Abort>,
     ) -> Result<Lock> {
         let stop = self.stop(abort);
-        let outcome = self.finish_waiting(waiting, options, Some(&stop)).await;
+        let outcome = self.finish_pending(pending, options, Some(&stop)).await;
         self.stopped(abort, outcome)
     }
 
     /// [`Self::finish_acquire`], stopped by `abort`.
-    async fn finish_waiting(
+    async fn finish_pending(
         &self,
-        waiting: Waiting,
+        pending: Pending,
         options: &AcquireOptions,
         abort: Option<&Abort>,
     ) -> Result<Lock> {
-        let Waiting {
+        let Pending {
             key,
             start,
             mut place,
@@ -401,17 +160,17 @@ impl Locker {
                     first_len,
                     first,
                 },
-        } = waiting;
+        } = pending;
         let first = match first {
             FirstTry::Answered(answered) => answered,
             FirstTry::Sent(op) => {
                 let budget_end = options.retry.timeout.map(|t| start + t);
-                let (key, token, ttl) = (&key, &token, first_ttl(options));
+                let (key, token, ttl) = (&key, &token, options.first_ttl());
                 boxed(|| self.attempt_later(op, key, token, ttl, start, budget_end, abort)).await
             }
         };
         let turns = match first {
-            Ok(Attempt::Won { fence, at }) => Ok(Won {
+            Ok(Attempt::Won { fence, at }) => Ok(WinningTry {
                 token,
                 sent_at: start,
                 fence,
@@ -444,9 +203,9 @@ impl Locker {
             ),
             Err(mut e) => {
                 // Whatever ended the wait, our place must not hold up the queue.
-                if let (Some(queue), Some(waiter)) = (self.shared.backend.queue(), &place) {
+                if let (Some(queue), Some(waiter)) = (self.core.env.backend.queue(), &place) {
                     let op = queue.leave(&key, waiter);
-                    self.shared.rt.spawner.spawn(Box::pin(async move {
+                    self.core.env.rt.spawner.spawn(Box::pin(async move {
                         let _ = op.await;
                     }));
                 }
@@ -460,7 +219,7 @@ impl Locker {
                     ..
                 } = &mut e
                 {
-                    let read = self.shared.backend.inspect(&key);
+                    let read = self.core.env.backend.inspect(&key);
                     let until = self.now().ok().map(|now| now + HOLDER_READ_MS);
                     if let (Some(until), true) = (until, holder.is_none()) {
                         let read = Box::pin(self.bounded(read, Some(until), None));
@@ -485,10 +244,10 @@ impl Locker {
         start: f64,
         place: &mut Option<String>,
         turns: Turns<Result<Attempt>>,
-    ) -> Result<Won> {
+    ) -> Result<WinningTry> {
         let policy = &options.retry;
         let budget_end = policy.timeout.map(|t| start + t);
-        let ttl = first_ttl(options);
+        let ttl = options.first_ttl();
         let mut wakeups: Option<Box<dyn Waiter>> = None;
         let mut previous_delay = 0.0;
         let mut attempt = 0u32;
@@ -537,7 +296,7 @@ impl Locker {
             // in this process was joined by the first try itself: `place` is set.)
             if attempt == 1
                 && place.is_none()
-                && self.shared.backend.queue().is_some()
+                && self.core.env.backend.queue().is_some()
                 && policy.retries != Some(0)
                 && !matches!(outcome, Ok(Attempt::Won { .. }))
             {
@@ -579,7 +338,7 @@ impl Locker {
             };
             let missed = match outcome {
                 Attempt::Won { fence, at } => {
-                    return Ok(Won {
+                    return Ok(WinningTry {
                         token,
                         sent_at: next_sent_at,
                         fence,
@@ -663,7 +422,7 @@ impl Locker {
             let wake_at = now + wait;
             let wake_at = budget_end.map_or(wake_at, |e| e.min(wake_at));
             let wakeups = wakeups.get_or_insert_with(|| {
-                let backend = &self.shared.backend;
+                let backend = &self.core.env.backend;
                 match (backend.queue(), place.as_deref()) {
                     (Some(queue), Some(id)) => queue.wakeups(key, id),
                     _ => backend
@@ -671,8 +430,8 @@ impl Locker {
                         .unwrap_or_else(|| Box::new(NeverReleased)),
                 }
             });
-            let clock = &*self.shared.rt.clock;
-            let sleep = sleep_until_from(clock, &*self.shared.rt.timer, wake_at, read_at);
+            let clock = &*self.core.env.rt.clock;
+            let sleep = sleep_until_from(clock, &*self.core.env.rt.timer, wake_at, read_at);
             // Boxed, like the custom delay above: a first try that wins never waits, and the
             // timers would make every acquisition's future (moved on each call) larger.
             // The wake is looked at first: after a push the sleep is then not polled, which
@@ -691,9 +450,9 @@ impl Locker {
 
     /// The error when no attempt got an answer in time: the backend is slow or gone, which
     /// says nothing about other holders.
-    fn no_answer(&self, key: &str, attempts: u32, elapsed_ms: f64) -> Error {
+    pub(super) fn no_answer(&self, key: &str, attempts: u32, elapsed_ms: f64) -> Error {
         Error::backend(
-            self.shared.backend.name(),
+            self.core.env.backend.name(),
             BackendErrorKind::Timeout,
             format!(
                 "acquire of {key:?} got no answer from the backend: {attempts} attempt(s) in \
@@ -706,7 +465,7 @@ impl Locker {
     /// when nothing ran since (else the clock is read here). A clock that fails now still
     /// leaves a grant behind, so it is given back.
     #[allow(clippy::too_many_arguments)]
-    fn won(
+    pub(super) fn won(
         &self,
         key: String,
         token: String,
@@ -729,7 +488,14 @@ impl Locker {
             self.give_back_now(&key, &token);
             return Err(Self::closed_error());
         }
-        let lock = self.make_lock(key, token, fence, sent_at, options);
+        let lock = Lock(LockInner::granted(
+            &self.core.env,
+            key,
+            token,
+            fence,
+            sent_at,
+            options,
+        ));
         self.emit(|| Event::Acquired {
             key: lock.key(),
             ttl: options.ttl,
@@ -746,7 +512,7 @@ impl Locker {
     /// inline in the retry loop's (232 bytes, copied into the loop's box on every wait); an
     /// answer ready at once is kept as it is, and a later one is waited for in a box.
     #[allow(clippy::too_many_arguments)]
-    fn attempt<'a>(
+    pub(super) fn attempt<'a>(
         &'a self,
         key: &'a str,
         token: &'a str,
@@ -805,7 +571,7 @@ impl Locker {
         // an answer comes; one already on its way is then judged (late), not taken for none.
         // (Read unchecked: a reading that is not a number is judged with the answer, whose
         // grant is then given back; returning here would drop the request unanswered.)
-        let rt = &self.shared.rt;
+        let rt = &self.core.env.rt;
         let now = rt.clock.now();
         let limit = limit.max(now + MIN_WAIT_MS);
         // The answer, unless the limit passes (`Right(Left)`) or `abort` fires first.
@@ -818,7 +584,7 @@ impl Locker {
     /// lease it asked for would end.
     fn judge(
         &self,
-        answer: First<Result<Grant>, First<(), ()>>,
+        answer: First<Result<GrantAnswer>, First<(), ()>>,
         mut op: GrantOp,
         key: &str,
         token: &str,
@@ -845,8 +611,8 @@ impl Locker {
             }
         };
         let fence = match answer {
-            Grant::Won(fence) => fence,
-            Grant::Held(retry_in) => return Ok(Attempt::Missed(HeldReason::Held, retry_in)),
+            GrantAnswer::Granted(fence) => fence,
+            GrantAnswer::Held(retry_in) => return Ok(Attempt::Missed(HeldReason::Held, retry_in)),
         };
         let now = match self.now() {
             Ok(now) => now,
@@ -868,8 +634,8 @@ impl Locker {
 
     /// The grant request, in the fair queue as `waiter` when there is one.
     fn grant_op(&self, key: &str, token: &str, ttl: u32, waiter: Option<&str>) -> GrantOp {
-        let backend = &self.shared.backend;
-        let fencing = self.shared.options.fencing;
+        let backend = &self.core.env.backend;
+        let fencing = self.core.options.fencing;
         if let (Some(queue), Some(waiter)) = (backend.queue(), waiter) {
             let lease = QUEUE_LEASE_MS;
             GrantOp::Queued(queue.acquire_queued(key, token, ttl, waiter, lease, fencing))
@@ -881,9 +647,9 @@ impl Locker {
     }
 
     /// Releases a grant nobody will use, without making anyone wait for it.
-    fn give_back_now(&self, key: &str, token: &str) {
-        let op = self.shared.backend.release(key, token);
-        self.shared.rt.spawner.spawn(Box::pin(async move {
+    pub(super) fn give_back_now(&self, key: &str, token: &str) {
+        let op = self.core.env.backend.release(key, token);
+        self.core.env.rt.spawner.spawn(Box::pin(async move {
             let _ = op.await;
         }));
     }
@@ -892,31 +658,31 @@ impl Locker {
     /// (a backend that applies requests in order then frees the key even if the answer never
     /// comes), and again once the answer says granted or failed, for a request applied late.
     /// The token is this attempt's alone, so neither can touch a later attempt's lock.
-    fn give_back_later(&self, op: GrantOp, key: &str, token: String) {
-        let backend = self.shared.backend.clone();
+    pub(super) fn give_back_later(&self, op: GrantOp, key: &str, token: String) {
+        let backend = self.core.env.backend.clone();
         let key = key.to_owned();
         let now = backend.release(&key, &token);
-        self.shared.rt.spawner.spawn(Box::pin(async move {
+        self.core.env.rt.spawner.spawn(Box::pin(async move {
             let _ = now.await;
             match op.await {
-                Ok(Grant::Held(_)) => {}
-                Ok(Grant::Won(_)) | Err(_) => {
+                Ok(GrantAnswer::Held(_)) => {}
+                Ok(GrantAnswer::Granted(_)) | Err(_) => {
                     let _ = backend.release(&key, &token).await;
                 }
             }
         }));
     }
 
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         fut: impl std::future::Future<Output = T>,
         budget_end: Option<f64>,
         abort: Option<&Abort>,
     ) -> Bounded<T> {
-        let clock = &*self.shared.rt.clock;
+        let clock = &*self.core.env.rt.clock;
         let out_of_time = async {
             match budget_end {
-                Some(end) => sleep_until(clock, &*self.shared.rt.timer, end).await,
+                Some(end) => sleep_until(clock, &*self.core.env.rt.timer, end).await,
                 None => std::future::pending().await,
             }
         };
@@ -925,69 +691,6 @@ impl Locker {
             First::Right(First::Left(())) => Bounded::OutOfTime,
             First::Right(First::Right(())) => Bounded::Aborted,
         }
-    }
-
-    fn make_lock(
-        &self,
-        key: String,
-        token: String,
-        fence: Option<u64>,
-        sent_at: f64,
-        options: &AcquireOptions,
-    ) -> Lock {
-        let ttl = first_ttl(options);
-        let heartbeat = options.auto_extend.map(|ax| {
-            let interval = ax.interval.unwrap_or(options.ttl as f64 / 3.0);
-            Heartbeat {
-                interval,
-                max_lag: ax.max_event_loop_lag.unwrap_or(interval),
-            }
-        });
-        let id = NEXT_LOCK_ID.with(|n| n.replace(n.get() + 1));
-        let watched = self.shared.options.events.is_some() || heartbeat.is_some();
-        let inner = Rc::new(LockInner {
-            id,
-            shared: self.shared.clone(),
-            key,
-            token,
-            fence,
-            acquired_at: sent_at,
-            deadline: options.auto_extend.map(|ax| sent_at + ax.max_hold),
-            heartbeat,
-            ttl: Cell::new(options.ttl),
-            lease_end: Cell::new(lease_end(sent_at, ttl)),
-            clamped: Cell::new(ttl < options.ttl),
-            state: Cell::new(LockState::Held),
-            lost_reason: Cell::new(None),
-            lost_cause: RefCell::new(None),
-            ended_at: Cell::new(None),
-            ending_reported: Cell::new(false),
-            releasing: Cell::new(false),
-            extending: Cell::new(0),
-            group_min: Cell::new(f64::INFINITY),
-            last_extend_error: RefCell::new(None),
-            heartbeat_stopped: Cell::new(false),
-            watched: Cell::new(watched),
-            expiry_at: Cell::new(f64::INFINITY),
-        });
-        if watched {
-            inner.check_expiry_by(inner.lease_end.get());
-        }
-        if let Some(hb) = heartbeat {
-            inner.schedule_tick(sent_at + hb.interval, hb);
-        }
-        if let Some(gone) = self.shared.backend.watch_lost(&inner.key, &inner.token) {
-            // Weak: a lock nobody holds any more needs no news of its session.
-            let lock = Rc::downgrade(&inner);
-            self.shared.rt.spawner.spawn(Box::pin(async move {
-                if gone.await.is_ok() {
-                    if let Some(lock) = lock.upgrade() {
-                        lock.lose(LostReason::Session, None, lock.now());
-                    }
-                }
-            }));
-        }
-        Lock(inner)
     }
 
     /// One attempt: the lock, or `None` when another holder has the key. A grant that came
@@ -1007,7 +710,7 @@ impl Locker {
     }
 
     /// [`Self::try_acquire`] of a key already prefixed; `stop` ends a wait for the answer.
-    async fn try_acquire_key(
+    pub(super) async fn try_acquire_key(
         &self,
         key: String,
         options: &AcquireOptions,
@@ -1018,7 +721,7 @@ impl Locker {
             return Err(Self::closed_error());
         }
         let token = labelled(self.token()?, options.holder.as_deref());
-        let ttl = first_ttl(options);
+        let ttl = options.first_ttl();
         match self
             .attempt(&key, &token, ttl, start, None, Some(stop), None)
             .await?
@@ -1107,7 +810,7 @@ impl Locker {
                     if lock.state() == LockState::Held {
                         let _ = lock.release(true).await;
                     } else {
-                        self.shared.rt.spawner.spawn(Box::pin(async move {
+                        self.core.env.rt.spawner.spawn(Box::pin(async move {
                             let _ = lock.release(true).await;
                         }));
                     }
@@ -1120,7 +823,7 @@ impl Locker {
 
 /// A backend failure of a grant request, with the operation and the key in its message, so
 /// that a log line says what failed. Host errors pass through untouched.
-fn naming(mut e: Error, key: &str) -> Error {
+pub(super) fn naming(mut e: Error, key: &str) -> Error {
     if let Error::Backend { message, .. } = &mut e {
         let named = format!("acquire of {key:?}: ");
         // Redlock names the operation itself.
@@ -1133,7 +836,7 @@ fn naming(mut e: Error, key: &str) -> Error {
 
 /// A failure that a later attempt may not meet: the connection or the server, not the
 /// request or its rights.
-fn is_transient(e: &Error) -> bool {
+pub(super) fn is_transient(e: &Error) -> bool {
     matches!(
         e,
         Error::Backend {
@@ -1156,92 +859,13 @@ fn held_in_part(e: &Error) -> bool {
 
 /// Whether a failed grant request may still have taken the key on the server. Only a
 /// validation error is raised before anything is sent.
-fn may_have_granted(e: &Error) -> bool {
+pub(super) fn may_have_granted(e: &Error) -> bool {
     !matches!(e, Error::Validation { .. })
 }
-/// The first lease: the TTL, cut to `maxHold` when that is shorter.
-fn first_ttl(options: &AcquireOptions) -> u32 {
-    match options.auto_extend {
-        Some(ax) if ax.max_hold < options.ttl as f64 => ax.max_hold.max(1.0) as u32,
-        _ => options.ttl,
-    }
-}
-
-enum Bounded<T> {
+pub(super) enum Bounded<T> {
     Done(T),
     OutOfTime,
     Aborted,
-}
-
-/// What a grant request got: the key (with its fence when fenced), or held (with the
-/// latest useful moment to try again, when the backend's queue knows it).
-enum Grant {
-    Won(Option<u64>),
-    Held(Option<f64>),
-}
-
-/// A grant request.
-enum GrantOp {
-    Plain(Op<bool>),
-    Fenced(Op<Option<u64>>),
-    Queued(Op<crate::contract::Queued>),
-}
-
-impl GrantOp {
-    fn is_ready(&self) -> bool {
-        match self {
-            GrantOp::Plain(op) => op.is_ready(),
-            GrantOp::Fenced(op) => op.is_ready(),
-            GrantOp::Queued(op) => op.is_ready(),
-        }
-    }
-
-    fn abandon(&mut self) {
-        match self {
-            GrantOp::Plain(op) => op.abandon(),
-            GrantOp::Fenced(op) => op.abandon(),
-            GrantOp::Queued(op) => op.abandon(),
-        }
-    }
-}
-
-impl std::future::Future for GrantOp {
-    type Output = Result<Grant>;
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        use crate::contract::Queued;
-        use std::pin::Pin;
-        use std::task::Poll;
-        let grant = match self.get_mut() {
-            GrantOp::Plain(op) => match Pin::new(op).poll(cx) {
-                Poll::Ready(r) => r.map(|won| {
-                    if won {
-                        Grant::Won(None)
-                    } else {
-                        Grant::Held(None)
-                    }
-                }),
-                Poll::Pending => return Poll::Pending,
-            },
-            GrantOp::Fenced(op) => match Pin::new(op).poll(cx) {
-                Poll::Ready(r) => r.map(|fence| match fence {
-                    Some(f) => Grant::Won(Some(f)),
-                    None => Grant::Held(None),
-                }),
-                Poll::Pending => return Poll::Pending,
-            },
-            GrantOp::Queued(op) => match Pin::new(op).poll(cx) {
-                Poll::Ready(r) => r.map(|q| match q {
-                    Queued::Granted(fence) => Grant::Won(fence),
-                    Queued::Waiting { retry_in } => Grant::Held(retry_in),
-                }),
-                Poll::Pending => return Poll::Pending,
-            },
-        };
-        Poll::Ready(grant)
-    }
 }
 
 /// What [`Locker::retry_turns`] goes on from: the first try's token (its first `first_len`
@@ -1257,15 +881,15 @@ struct Turns<F> {
 /// What [`Locker::begin_acquire`] did.
 pub enum Begun {
     /// The first try won.
-    Won(Lock),
+    Acquired(Lock),
     /// The acquisition goes on in [`Locker::finish_acquire`].
-    Waiting(Waiting),
+    Pending(Pending),
 }
 
 /// An acquisition that [`Locker::begin_acquire`] could not finish within the call. Hand it to
 /// [`Locker::finish_acquire`] at once: its first request may be out, and only that gives back
 /// a grant nobody will use.
-pub struct Waiting {
+pub struct Pending {
     key: String,
     start: f64,
     /// Our waiter id, when the first try joined the backend's fair queue.
@@ -1280,7 +904,7 @@ enum FirstTry {
 }
 
 /// A winning attempt of an acquisition.
-struct Won {
+struct WinningTry {
     token: String,
     sent_at: f64,
     fence: Option<u64>,
@@ -1294,32 +918,5 @@ struct NeverReleased;
 impl Waiter for NeverReleased {
     fn released(&mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> {
         Box::pin(std::future::pending())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn set_serial(n: u64) {
-        WAITERS.with(|w| w.set((w.get().0, n)));
-    }
-
-    #[test]
-    fn waiter_ids_are_the_prefix_and_the_serial_number_in_hex() {
-        let (a, b) = (next_waiter_id(), next_waiter_id());
-        let prefix = WAITERS.with(|w| String::from_utf8(w.get().0.to_vec()).unwrap());
-        let serial = |id: &str| {
-            let (p, n) = id.split_once('.').expect("a dot");
-            assert_eq!(p, prefix);
-            u64::from_str_radix(n, 16).expect("hex")
-        };
-        assert_eq!(serial(&b), serial(&a) + 1);
-        set_serial(0xfedc_ba98_7654_3210);
-        assert_eq!(next_waiter_id(), format!("{prefix}.fedcba9876543210"));
-        set_serial(0);
-        assert_eq!(next_waiter_id(), format!("{prefix}.0"));
-        set_serial(0x10);
-        assert_eq!(next_waiter_id(), format!("{prefix}.10"));
     }
 }

@@ -12,7 +12,23 @@
 //! A "look" is a short acquire that is given back at once, because that is the one question
 //! every backend (an adapter written in JavaScript too) can answer.
 
-use super::*;
+use crate::contract::value::labelled;
+use crate::contract::Waiter;
+use crate::engine::events::Event;
+use crate::engine::lock::{Lock, LockState};
+use crate::engine::locker::acquire::{
+    is_transient, may_have_granted, naming, Attempt, Bounded, MIN_WAIT_MS,
+};
+use crate::engine::locker::grant::{GrantAnswer, GrantOp};
+use crate::engine::locker::{Locker, QUEUE_LEASE_MS};
+use crate::engine::options::{validate_key, AcquireOptions};
+use crate::engine::retry::{Delay, DelayInput};
+use crate::rt::clock::lease_end;
+use crate::rt::error::{Error, HeldReason, Result};
+use crate::rt::ids::random_token;
+use crate::rt::runtime::{aborted, Abort};
+use crate::rt::task::{first, First};
+use crate::rt::timer::{sleep_until, sleep_until_from};
 
 /// The largest `limit` / `maxReaders`: a writer looks at every read slot, and a full
 /// semaphore is tried slot by slot.
@@ -27,9 +43,9 @@ const LOOKS_AT_ONCE: usize = 4;
 /// first waiter's tries for a permit.
 const HOLDER_RECHECK_MS: f64 = 100.0;
 
-/// What kind of holder an acquisition wants.
+/// Which kind of slot of a key an acquisition wants: a permit, a read or the write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Holders {
+pub enum Slot {
     /// One of `limit` permits of a counting semaphore.
     Permit { limit: u32 },
     /// A reader of a read-write lock that lets up to `max_readers` read at once.
@@ -38,7 +54,7 @@ pub enum Holders {
     Write { max_readers: u32 },
 }
 
-impl Holders {
+impl Slot {
     /// Checks a count from the host: a whole number from 1 to [`MAX_HOLDERS`].
     pub fn count(field: &str, value: f64) -> Result<u32> {
         if value.is_finite() && value.fract() == 0.0 && (1.0..=MAX_HOLDERS as f64).contains(&value)
@@ -170,7 +186,7 @@ impl Gate {
     async fn retake(&mut self, abort: Option<&Abort>, start: f64) -> Result<()> {
         if let Some(lost) = self.lock.take() {
             // Its lease may still run on the backend, whose clock is not ours.
-            self.locker.shared.rt.spawner.spawn(Box::pin(async move {
+            self.locker.core.env.rt.spawner.spawn(Box::pin(async move {
                 let _ = lost.release(true).await;
             }));
         }
@@ -220,7 +236,7 @@ impl Drop for Gate {
     /// release goes out as a task of its own, since nothing can be awaited here.
     fn drop(&mut self) {
         if let Some(lock) = self.lock.take() {
-            self.locker.shared.rt.spawner.spawn(Box::pin(async move {
+            self.locker.core.env.rt.spawner.spawn(Box::pin(async move {
                 let _ = lock.release(true).await;
             }));
         }
@@ -315,7 +331,7 @@ impl<'a> Turns<'a> {
         self.previous_delay = delay;
         let wait = delay.min(self.max_pause).max(MIN_WAIT_MS);
         let wake_at = self.budget_end.map_or(now + wait, |e| e.min(now + wait));
-        let rt = &locker.shared.rt;
+        let rt = &locker.core.env.rt;
         let sleep = sleep_until_from(&*rt.clock, &*rt.timer, wake_at, read_at);
         let woken = async {
             match self.wakeups.as_mut() {
@@ -355,7 +371,7 @@ impl Locker {
     pub async fn acquire_holder(
         &self,
         key: &str,
-        holders: Holders,
+        slot: Slot,
         options: AcquireOptions,
         abort: Option<Abort>,
         once: bool,
@@ -366,7 +382,7 @@ impl Locker {
             return Err(Self::closed_error());
         }
         let stop = self.stop(abort.as_ref());
-        let outcome = self.take_holder(&key, holders, &options, &stop, once).await;
+        let outcome = self.take_holder(&key, slot, &options, &stop, once).await;
         match self.stopped(abort.as_ref(), outcome) {
             // Taken before the Locker closed, but still giving its turn back when it did: no
             // lock of a closed Locker reaches its caller (close could not release it).
@@ -382,7 +398,7 @@ impl Locker {
     async fn take_holder(
         &self,
         key: &str,
-        holders: Holders,
+        slot: Slot,
         options: &AcquireOptions,
         stop: &Abort,
         once: bool,
@@ -393,19 +409,19 @@ impl Locker {
             validate_key(&slots[slots.len() - 1])?;
             Ok(slots)
         };
-        match holders {
-            Holders::Permit { limit } => {
+        match slot {
+            Slot::Permit { limit } => {
                 let slots = slots(limit, permit_key)?;
                 self.take_a_permit(key, &slots, options, abort, once).await
             }
-            Holders::Read { max_readers } => {
+            Slot::Read { max_readers } => {
                 let slots = slots(max_readers, read_key)?;
                 let gate = write_key(key);
                 let start = self.now()?;
                 self.take_a_slot(key, &slots, Some(&gate), options, abort, once, start)
                     .await
             }
-            Holders::Write { max_readers } => {
+            Slot::Write { max_readers } => {
                 let slots = slots(max_readers, read_key)?;
                 self.take_the_write(key, &slots, options, abort, once).await
             }
@@ -427,9 +443,9 @@ impl Locker {
     ) -> Result<Option<Lock>> {
         let mut turns = Turns::new(self, key, options, abort, start);
         if let Some(gate) = gate {
-            turns.wakeups = self.shared.backend.waiter(gate);
+            turns.wakeups = self.core.env.backend.waiter(gate);
         }
-        let ttl = first_ttl(options);
+        let ttl = options.first_ttl();
         let n = slots.len();
         loop {
             turns.next()?;
@@ -681,16 +697,16 @@ impl Locker {
     /// look must not move the key's fence), given back at once when it took the key.
     async fn look(&self, key: &str, abort: Option<&Abort>) -> Result<Look> {
         let token = random_token();
-        let mut op = GrantOp::Plain(self.shared.backend.acquire(key, &token, LOOK_TTL_MS));
-        let rt = &self.shared.rt;
+        let mut op = GrantOp::Plain(self.core.env.backend.acquire(key, &token, LOOK_TTL_MS));
+        let rt = &self.core.env.rt;
         let limit = self.now()? + LOOK_TTL_MS as f64;
         let deadline = sleep_until(&*rt.clock, &*rt.timer, limit);
         match first(&mut op, first(deadline, aborted(abort))).await {
-            First::Left(Ok(Grant::Won(_))) => {
+            First::Left(Ok(GrantAnswer::Granted(_))) => {
                 self.give_back_now(key, &token);
                 Ok(Look::Free)
             }
-            First::Left(Ok(Grant::Held(_))) => Ok(Look::Taken),
+            First::Left(Ok(GrantAnswer::Held(_))) => Ok(Look::Taken),
             First::Left(Err(e)) => {
                 if may_have_granted(&e) {
                     self.give_back_now(key, &token);
