@@ -17,53 +17,12 @@ use futures_util::future::{FutureExt, LocalBoxFuture, Shared};
 use redis::ConnectionInfo;
 
 use crate::backend::redis::failure::failure_of;
+use crate::backend::redis::health::{now_ms, Busy, Health};
 use crate::backend::redis::loop_conn::LoopConn;
 use crate::backend::shared::io::{self, runtime, Failure};
 use crate::rt::error::{BackendErrorKind, Error};
-use crate::rt::event_loop::{EventLoop, LoopActivity, LOOP_ACTIVITY};
+use crate::rt::event_loop::{EventLoop, LOOP_ACTIVITY};
 use crate::rt::task::{first, First};
-
-/// Milliseconds since a process-wide origin (the watchdog reads it on the I/O thread).
-pub(super) fn now_ms() -> u64 {
-    LoopActivity::now_ms()
-}
-
-/// What the watchdog on the I/O thread knows of a connection.
-pub(super) struct Health {
-    sock: Arc<TcpStream>,
-    pub(super) in_flight: AtomicUsize,
-    /// Whether an operation has used the connection yet.
-    used: AtomicBool,
-    /// Whether the watchdog closed the connection for want of an answer.
-    timed_out: AtomicBool,
-    /// When the connection last received bytes or finished an operation, or got busy after
-    /// being idle: answers come in order, so the oldest request written has waited since.
-    pub(super) progress_ms: AtomicU64,
-    ended: AtomicBool,
-}
-
-impl Health {
-    fn busy(self: &Arc<Self>) -> Busy {
-        if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
-            self.progress_ms.store(now_ms(), Ordering::Release);
-        }
-        Busy(self.clone())
-    }
-
-    fn end(&self) {
-        self.ended.store(true, Ordering::Release);
-    }
-}
-
-/// One request in flight; an answer (or giving up on it) counts as progress.
-struct Busy(Arc<Health>);
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        self.0.progress_ms.store(now_ms(), Ordering::Release);
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 /// Answers come back in order on a Redis connection, so when the oldest request has waited
 /// longer than the command timeout the connection is presumed dead: shutting the socket

@@ -20,7 +20,7 @@ use std::task::{Context, Poll, Waker};
 
 use redis::{Cmd, RedisError, RedisResult, Value};
 
-use super::event_loop_link::Health;
+use super::health::{now_ms, Health};
 use crate::rt::event_loop::SocketWatch;
 
 /// Reads per wake-up before the reader yields to other tasks.
@@ -311,10 +311,7 @@ impl Future for Reader {
                     input.end += n;
                     // Answers arriving, however slowly, show the server is alive, even while
                     // the operations they finish have not run yet.
-                    shared
-                        .health
-                        .progress_ms
-                        .store(super::event_loop_link::now_ms(), Ordering::Release);
+                    shared.health.progress_ms.store(now_ms(), Ordering::Release);
                     if let Err(text) = state.hand_out() {
                         state.fail(std::io::ErrorKind::InvalidData, &text);
                         let _ = shared.sock.shutdown(std::net::Shutdown::Both);

@@ -25,6 +25,9 @@ mod event_loop_link;
 // Only an event-loop link (Unix) makes one.
 mod failure;
 mod gate;
+// The health of a connection on the event loop, which only a link (Unix) makes.
+#[cfg_attr(not(unix), allow(dead_code))]
+mod health;
 #[cfg_attr(not(unix), allow(dead_code))]
 mod loop_conn;
 mod pushes;
