@@ -97,7 +97,8 @@ describe('a Rust panic', () => {
 });
 
 describe('debugging', () => {
-  it('a BackendError names the operation and the key', async () => {
+  // A paused server needs one of its own: skipped with LOCCO_TEST_REDIS_URL (a shared server).
+  it('a BackendError names the operation and the key', { skip: Boolean(process.env.LOCCO_TEST_REDIS_URL) && 'pauses its Redis server' }, async () => {
     // A stopped Redis: every call fails with a timeout. (A JavaScript adapter's own errors
     // pass through untouched, so they are not named.)
     const { startRedis } = await import('../support/servers.mjs');

@@ -3,7 +3,7 @@
 // every starter from here.
 export { freePort, hasCommand } from './servers/common.mjs';
 export { testProxy } from './servers/proxy.mjs';
-export { startRedis, startRedisCluster, valkeyBinary } from './servers/redis.mjs';
+export { redisIsExternal, startRedis, startRedisCluster, valkeyBinary } from './servers/redis.mjs';
 export { pgBin, startPostgres } from './servers/postgres.mjs';
 export { makeTestCertificates } from './servers/tls.mjs';
 export { secantusBinary, startMongo } from './servers/mongo.mjs';

@@ -6,12 +6,94 @@ import { join } from 'node:path';
 import { freePort, hasCommand, sleep, spawnLogged, withRetries } from './common.mjs';
 
 /**
+ * LOCCO_TEST_REDIS_URL (redis://host:port): a Redis server already running, used instead of
+ * spawning one. It is for a Node that cannot start Linux programs, such as Windows' node.exe under
+ * Wine (scripts/release-check.sh). Such a server cannot be restarted, paused or given flags, so the
+ * tests that need that are skipped (redisIsExternal); it is emptied when a test takes and leaves it.
+ */
+const EXTERNAL_REDIS = process.env.LOCCO_TEST_REDIS_URL || '';
+export const redisIsExternal = () => EXTERNAL_REDIS !== '';
+
+// One command over RESP, answered as redis-cli prints it (a child Node, so that cli() stays
+// synchronous without needing redis-cli).
+const RESP_CLI = `
+const [host, port, ...cmd] = process.argv.slice(1);
+const sock = require('net').connect(Number(port), host);
+sock.write('*' + cmd.length + '\\r\\n' + cmd.map((c) => '$' + Buffer.byteLength(c) + '\\r\\n' + c + '\\r\\n').join(''));
+let buf = Buffer.alloc(0);
+const parse = (i) => {
+  const eol = buf.indexOf('\\r\\n', i);
+  if (eol < 0) return null;
+  const type = String.fromCharCode(buf[i]);
+  const line = buf.toString('utf8', i + 1, eol);
+  if (type === '+' || type === '-' || type === ':') return { v: line, next: eol + 2 };
+  const n = Number(line);
+  if (type === '$') {
+    if (n < 0) return { v: '', next: eol + 2 };
+    if (buf.length < eol + 2 + n + 2) return null;
+    return { v: buf.toString('utf8', eol + 2, eol + 2 + n), next: eol + 2 + n + 2 };
+  }
+  const items = [];
+  let at = eol + 2;
+  for (let k = 0; k < n; k++) {
+    const r = parse(at);
+    if (!r) return null;
+    items.push(r.v);
+    at = r.next;
+  }
+  return { v: items.join('\\n'), next: at };
+};
+sock.on('data', (d) => {
+  buf = Buffer.concat([buf, d]);
+  const r = parse(0);
+  if (r) { process.stdout.write(r.v + '\\n'); sock.destroy(); }
+});
+`;
+
+function externalRedis(url) {
+  const { hostname, port } = new URL(url);
+  const cantControl = (what) => () => {
+    throw new Error(`an external Redis (LOCCO_TEST_REDIS_URL) cannot be ${what}`);
+  };
+  const server = {
+    port: Number(port),
+    url,
+    get pid() {
+      return undefined;
+    },
+    stop: cantControl('stopped'),
+    restart: cantControl('restarted'),
+    pause: cantControl('paused'),
+    resume: cantControl('resumed'),
+    throttle: cantControl('throttled'),
+    cli(...cmd) {
+      return execFileSync(process.execPath, ['-e', RESP_CLI, hostname, port, ...cmd], { encoding: 'utf8' }).trim();
+    },
+    calls(command) {
+      const stats = server.cli('INFO', 'commandstats');
+      return Number(new RegExp(`cmdstat_${command}:calls=(\\d+)`).exec(stats)?.[1] ?? 0);
+    },
+    async dispose() {
+      server.cli('FLUSHALL');
+    },
+  };
+  server.cli('FLUSHALL');
+  return server;
+}
+
+/**
  * Starts a redis-server (or valkey-server) with `args` appended. Returns { port, url, stop,
  * restart, pause, resume, cli }. `port` is kept across restarts. `cluster`: cluster mode, with
  * the bus on a free port too. A free port can be taken by another process before the server
  * binds it, so a server on ports of our choosing that fails to start is tried on new ones.
  */
 export async function startRedis({ binary = 'redis-server', args = [], port, tlsPort, cluster = false } = {}) {
+  if (EXTERNAL_REDIS) {
+    if (args.length || port !== undefined || tlsPort !== undefined || cluster || binary !== 'redis-server') {
+      throw new Error('LOCCO_TEST_REDIS_URL names one plain server: a test that needs flags, ports, TLS or a cluster cannot use it');
+    }
+    return externalRedis(EXTERNAL_REDIS);
+  }
   const ownPorts = port === undefined && tlsPort === undefined;
   let busPort;
   const dir = mkdtempSync(join(tmpdir(), 'locco-redis-'));
