@@ -1,6 +1,6 @@
 // This checkout against another build of locco-rs (e.g. main in a worktree), in one process,
 // on one server, alternating rounds so that a noisy machine hits both alike.
-// Usage: [BACKEND=redis|postgres|memory] node bench/against.mjs /path/to/other/checkout   (both built, release)
+// Usage: [BACKEND=redis|postgres|mongo|etcd|memory] node bench/against.mjs /path/to/other/checkout   (both built, release)
 // Prints the median W1 and W2 pairs/s of each, this checkout's ratio to the other, and the
 // median of the rounds' own ratios (less moved by a round the machine slowed for both).
 // In memory, W1 and W2 are bench/memory.mjs's sequential and contended runs (one key).
@@ -8,7 +8,7 @@
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import path from 'node:path';
-import { startPostgres, startRedis } from '../__test__/support/servers.mjs';
+import { startEtcd, startMongo, startPostgres, startRedis } from '../__test__/support/servers.mjs';
 
 const other = process.argv[2];
 if (!other) throw new Error('usage: node bench/against.mjs <other checkout>');
@@ -16,10 +16,26 @@ const ROUNDS = Number(process.env.ROUNDS ?? 5);
 const noServer = async () => ({ url: undefined, dispose: async () => {} });
 const BACKENDS = {
   // The W2 widths of bench/redis.mjs and bench/postgres.mjs.
-  redis: { start: startRedis, module: 'locco-rs/redis', Adapter: 'RedisAdapter', workers: 256, options: {} },
-  postgres: { start: startPostgres, module: 'locco-rs/postgres', Adapter: 'PostgresAdapter', workers: 64, options: { poolSize: 10 } },
+  redis: { start: startRedis, module: 'locco-rs/redis', Adapter: 'RedisAdapter', workers: 256, options: (s) => ({ url: s.url }) },
+  postgres: {
+    start: startPostgres,
+    module: 'locco-rs/postgres',
+    Adapter: 'PostgresAdapter',
+    workers: 64,
+    options: (s) => ({ url: s.url, poolSize: 10 }),
+  },
+  // The W1 lengths and W2 widths of bench/mongo.mjs and bench/etcd.mjs.
+  mongo: { start: startMongo, module: 'locco-rs/mongo', Adapter: 'MongoAdapter', workers: 64, pairs: 1_000, options: (s) => ({ url: s.url, dbName: 'bench' }) },
+  etcd: {
+    start: startEtcd,
+    module: 'locco-rs/etcd',
+    Adapter: 'EtcdAdapter',
+    workers: 16,
+    pairs: 500,
+    options: (s) => ({ endpoints: [s.endpoint], prefix: 'bench/' }),
+  },
   // Every pair on one key; W2's workers wait their turn for it.
-  memory: { start: noServer, module: 'locco-rs/memory', Adapter: 'InMemoryAdapter', workers: 8, oneKey: true, pairs: 100_000 },
+  memory: { start: noServer, module: 'locco-rs/memory', Adapter: 'InMemoryAdapter', workers: 8, oneKey: true, pairs: 100_000, options: () => undefined },
 };
 const backend = BACKENDS[process.env.BACKEND ?? 'redis'];
 if (!backend) throw new Error(`BACKEND must be one of ${Object.keys(BACKENDS).join(', ')}`);
@@ -29,13 +45,13 @@ const W2_SECONDS = Number(process.env.W2_SECONDS ?? 3);
 const TTL = 10_000;
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
-async function build(dir, url) {
+async function build(dir, server) {
   // Through that checkout's own `exports` map, wherever its entry files live.
   const resolve = createRequire(path.resolve(dir, 'package.json')).resolve;
   const at = (specifier) => pathToFileURL(resolve(specifier)).href;
   const { Locker } = await import(at('locco-rs'));
   const Adapter = (await import(at(backend.module)))[backend.Adapter];
-  const adapter = url === undefined ? new Adapter() : new Adapter({ url, ...backend.options });
+  const adapter = new Adapter(backend.options(server));
   // One key: a pair waits for the key, as long as it takes.
   const retry = backend.oneKey ? { retries: Infinity, delay: 1000 } : { retries: 0 };
   const locker = new Locker({ adapter, retry });
@@ -70,7 +86,7 @@ async function w2(impl, tag) {
 }
 
 const server = await backend.start();
-const impls = { this: await build(path.resolve(import.meta.dirname, '..'), server.url), other: await build(other, server.url) };
+const impls = { this: await build(path.resolve(import.meta.dirname, '..'), server), other: await build(other, server) };
 const rates = { this: { w1: [], w2: [] }, other: { w1: [], w2: [] } };
 try {
   for (const impl of Object.values(impls)) await w1(impl, 'warm');
