@@ -258,6 +258,12 @@ export declare class LockSet implements AsyncDisposable {
   [Symbol.asyncDispose](): Promise<void>;
 }
 
+/** Options of {@link Locker.close}. */
+export interface CloseOptions {
+  /** `false`: stop the heartbeats and let each lease run out instead of releasing it. Default `true`. */
+  release?: boolean;
+}
+
 /**
  * Takes leases on keys of one backend.
  *
@@ -366,7 +372,7 @@ export declare class Locker {
    *
    * @example
    * ```ts
-   * await using write = await locker.acquireWrite('catalog', { ttl: 10_000, retry: { timeout: 5_000 } });
+   * await using write = await locker.acquireWrite('catalog', { ttl: 10_000, retry: { retries: Infinity, timeout: 5_000 } });
    * await savePrices(prices, { fence: write.fence });
    * ```
    */
@@ -376,14 +382,19 @@ export declare class Locker {
   /**
    * Releases every lock this Locker still holds (their heartbeats end with them) and frees it.
    * Acquisitions still waiting, and any made afterwards, reject with LockStateError; a grant
-   * that arrives after it is given back. Calling it again is harmless.
+   * that arrives after it is given back. Calling it again is harmless; the first call decides.
+   *
+   * With `{ release: false }` the held locks are not released: their heartbeats stop and each
+   * lease runs out on the backend at its own end. That is the "claim and let it expire"
+   * pattern (job de-duplication), which `await using` would otherwise undo.
    *
    * @example
    * ```ts
    * await using locker = new Locker({ adapter }); // closed when the block ends
+   * await otherLocker.close({ release: false }); // its claims stay until their leases end
    * ```
    */
-  close(): Promise<void>;
+  close(options?: CloseOptions): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
   /**
    * What the backend knows of `key` now. Rejects on a JavaScript adapter without `inspect`.

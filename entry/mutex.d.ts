@@ -133,6 +133,8 @@ export declare class MutexManager<O extends MutexManagerOptions = MutexManagerOp
   isAsyncContextTrackingSupported(): boolean;
   /** Closes what the manager made itself (the Redis connection of `redis` options). */
   dispose(): Promise<void>;
+  /** `await using manager = new MutexManager(…)`: {@link dispose} when the block ends. */
+  [Symbol.asyncDispose](): Promise<void>;
 }
 
 export declare class MutexTimeoutError extends LoccoError {

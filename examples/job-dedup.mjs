@@ -27,3 +27,6 @@ await handle('w1', 1);
 
 console.log(`ran: ${ran.join(', ')}`);
 if (ran.length !== 2) throw new Error(`each job should run once, ran ${ran.length} times`);
+// A plain close() (or `await using`) would release the claims and end the window early;
+// release: false only stops the Locker, and each claim stays until its ttl ends.
+await locker.close({ release: false });

@@ -29,6 +29,7 @@ const LOCKER_OPTIONS = ['adapter', 'retry', 'keyPrefix', 'onEvent', 'now', 'toke
 const RETRY_OPTIONS = ['retries', 'delay', 'timeout'];
 const ACQUIRE_OPTIONS = ['ttl', 'retry', 'signal', 'autoExtend', 'holder'];
 const TRY_ACQUIRE_OPTIONS = ['ttl', 'autoExtend', 'holder'];
+const CLOSE_OPTIONS = ['release'];
 const LIST_OPTIONS = ['prefix', 'limit'];
 const DEFAULT_LIST_LIMIT = 1000;
 // The longest a failed acquisition waits for a JavaScript adapter's inspect (the engine's bound).
@@ -106,6 +107,27 @@ function retrySpec(field, retry) {
     throw validation(`${field}.delay`, `must be >= 0, got ${delay}`);
   } else delayMs = delay;
   return { retries, delayMs, delayId: delayFn, timeout: optionalNumber(`${field}.timeout`, retry.timeout) };
+}
+
+/** Warning codes already emitted by this process: each is emitted once. */
+const warned = new Set();
+
+/**
+ * Warns once per process when a retry policy's retries run out long before its timeout: the
+ * fields merge one by one, so `{ timeout: 10_000 }` alone keeps the default 10 retries 200 ms
+ * apart and gives up after about 2 s. Only a number delay can be summed; a function is trusted.
+ */
+function warnIfRetriesEndFirst(policy) {
+  const { retries, delay, timeout } = policy;
+  if (warned.has('LOCCO_RETRIES_END_FIRST') || timeout === undefined || typeof delay !== 'number') return;
+  if (retries === undefined || !Number.isFinite(retries) || retries * delay >= timeout) return;
+  warned.add('LOCCO_RETRIES_END_FIRST');
+  process.emitWarning(
+    `locco-rs: retry { retries: ${retries}, delay: ${delay} } waits at most about ${retries * delay} ms, so its timeout of ` +
+      `${timeout} ms is never reached: the fields of a retry policy merge one by one, and retries left out keep ` +
+      `their default (10). Set retries: Infinity to let the timeout alone bound the wait.`,
+    { code: 'LOCCO_RETRIES_END_FIRST' },
+  );
 }
 
 function mergeRetry(...layers) {
@@ -365,6 +387,7 @@ class Locker {
     // A JavaScript adapter answers the operator calls itself (see `inspect`).
     this._jsAdapter = jsFenced === undefined ? undefined : options.adapter;
     this._retry = options.retry;
+    if (options.retry !== undefined) warnIfRetriesEndFirst(mergeRetry(options.retry));
     this._closed = undefined;
     own(this, 'locker', id);
     lockers.set(id, {
@@ -384,13 +407,23 @@ class Locker {
   /**
    * Releases every lock this Locker still holds (their heartbeats end with them) and frees
    * it: acquisitions still waiting, and any made afterwards, fail with LockStateError (a grant
-   * that arrives after it is given back). Calling it again is harmless.
+   * that arrives after it is given back). With `{ release: false }` the held locks are not
+   * released: their heartbeats stop and each lease runs out on the backend at its own end (a
+   * claim left to expire). Calling it again is harmless; the first call decides.
    */
-  close() {
+  close(options) {
+    if (options !== undefined) {
+      if (!isObject(options)) throw validation('options', 'must be an object { release? }');
+      refuseUnknown('', options, CLOSE_OPTIONS);
+      if (options.release !== undefined && typeof options.release !== 'boolean') {
+        throw validation('release', `must be a boolean, got ${typeof options.release}`);
+      }
+    }
     if (this._closed === undefined) {
       try {
         const opId = nextOpId();
-        this._closed = Promise.resolve(answer(native.closeLocker(this._id, opId), opId)).then(() => {});
+        const release = options?.release !== false;
+        this._closed = Promise.resolve(answer(native.closeLocker(this._id, opId, release), opId)).then(() => {});
       } catch (error) {
         this._closed = Promise.reject(error);
       }
@@ -573,6 +606,7 @@ class Locker {
     }
     refuseUnknown('', options, single ? TRY_ACQUIRE_OPTIONS : ACQUIRE_OPTIONS);
     const retry = retrySpec('retry', options.retry);
+    if (retry !== undefined) warnIfRetriesEndFirst(mergeRetry(this._retry, options.retry));
     const ax = options.autoExtend;
     if (ax !== undefined && !isObject(ax)) throw validation('autoExtend', 'must be an object { interval?, maxHold }');
     if (ax !== undefined) refuseUnknown('autoExtend', ax, AUTO_EXTEND_OPTIONS);

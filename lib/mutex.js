@@ -299,6 +299,11 @@ class MutexManager {
     if (this._owned) await this._owned.close();
   }
 
+  /** `await using manager = new MutexManager(…)`: dispose() when the block ends. */
+  async [Symbol.asyncDispose]() {
+    await this.dispose();
+  }
+
   _mutex(id) {
     let m = this._mutexes.get(id);
     if (m === undefined) {

@@ -25,9 +25,10 @@ pub fn drop_locker(locker_id: f64) {
 
 /// Closes a Locker: it takes no more locks (acquisitions still waiting end with a state error),
 /// and every lock it still holds is released (which also ends its heartbeat). Answers how many
-/// were released.
+/// were released. With `release` false the locks are not released: their heartbeats stop and
+/// their leases run out on the backend (a claim left to expire, as job de-duplication wants).
 #[napi(catch_unwind)]
-pub fn close_locker(locker_id: f64, op_id: f64) -> Raw {
+pub fn close_locker(locker_id: f64, op_id: f64, release: bool) -> Raw {
     let owner = locker_id as u64;
     let (gone, held) = REG.with(|r| {
         let mut r = r.borrow_mut();
@@ -48,6 +49,12 @@ pub fn close_locker(locker_id: f64, op_id: f64) -> Raw {
     });
     if let Some(locker) = gone {
         locker.close();
+    }
+    if !release {
+        for lock in &held {
+            lock.stop_heartbeat();
+        }
+        return ops::run(op_id, async { Ok(Answer::Number(0.0)) });
     }
     ops::run(op_id, async move {
         let mut released = 0.0;

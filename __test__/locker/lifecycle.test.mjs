@@ -355,6 +355,66 @@ describe('native objects are freed', () => {
     assert.equal(events.filter((t) => t === 'extended').length, extendedBefore, 'no heartbeat after close');
   });
 
+  it('Locker.close({ release: false }) stops the heartbeats and leaves each lease to run out', async () => {
+    const adapter = new InMemoryAdapter();
+    const events = [];
+    const locker = new Locker({ adapter, onEvent: (e) => events.push(e.type) });
+    const claim = await locker.acquire('c10', { ttl: 400, autoExtend: { interval: 100, maxHold: 60_000 } });
+    await until(() => events.includes('extended'), 5000);
+    await locker.close({ release: false });
+    await assert.rejects(locker.acquire('c11', { ttl: 1000 }), (e) => e.code === 'LOCK_STATE');
+    // The claim stays on the backend: nobody else gets the key before its lease ends.
+    const other = new Locker({ adapter, retry: { retries: 0 } });
+    assert.equal(await other.tryAcquire('c10', { ttl: 1000 }), null, 'the claim was released by close');
+    assert.equal(claim.state, 'held');
+    const extended = events.filter((e) => e === 'extended').length;
+    // Then it runs out (no heartbeat renews it) and the key is free.
+    await until(() => claim.state === 'lost', 10_000);
+    assert.equal(claim.lostReason, 'expired');
+    assert.equal(events.filter((e) => e === 'extended').length, extended, 'a heartbeat ran after close');
+    // The local lease ends a little before the backend's (the clock-drift margin).
+    let next = null;
+    for (const start = Date.now(); next === null && Date.now() - start < 5000; await sleep(20)) {
+      next = await other.tryAcquire('c10', { ttl: 1000 });
+    }
+    assert.ok(next, 'the key is still held 5 s after the lease ran out');
+    await next.release();
+    await other.close();
+  });
+
+  it('Locker.close() checks its options', async () => {
+    const locker = new Locker({ adapter: new InMemoryAdapter() });
+    assert.throws(() => locker.close({ release: 'no' }), (e) => e instanceof ValidationError && e.field === 'release');
+    assert.throws(() => locker.close({ relase: false }), (e) => e instanceof ValidationError && /did you mean release/.test(e.message));
+    assert.throws(() => locker.close(1), (e) => e instanceof ValidationError && e.field === 'options');
+    await locker.close({ release: true });
+  });
+
+  it('a retry policy whose retries end long before its timeout warns once, with a code', async () => {
+    const warnings = [];
+    const listen = (w) => w.code === 'LOCCO_RETRIES_END_FIRST' && warnings.push(w.message);
+    process.on('warning', listen);
+    try {
+      const adapter = new InMemoryAdapter();
+      // Reachable: 100 retries 200 ms apart wait up to 20 s, beyond the 10 s timeout.
+      new Locker({ adapter, retry: { retries: 100, timeout: 10_000 } });
+      const locker = new Locker({ adapter, retry: { retries: Infinity } });
+      // Per call, merged with the Locker's: retries Infinity reaches any timeout.
+      await (await locker.acquire('w1', { ttl: 1000, retry: { timeout: 10_000 } })).release();
+      await new Promise((r) => setImmediate(r));
+      assert.deepEqual(warnings, []);
+      // The default 10 retries 200 ms apart stop after about 2 s of a 10 s timeout.
+      const plain = new Locker({ adapter });
+      await (await plain.acquire('w2', { ttl: 1000, retry: { timeout: 10_000 } })).release();
+      new Locker({ adapter, retry: { timeout: 60_000 } });
+      await new Promise((r) => setImmediate(r));
+      assert.equal(warnings.length, 1, warnings.join('\n'));
+      assert.match(warnings[0], /retries: 10, delay: 200 .* timeout of 10000 ms is never reached/);
+    } finally {
+      process.off('warning', listen);
+    }
+  });
+
   it('Locker.close() ends acquisitions already waiting with LockStateError; they take nothing', async () => {
     const adapter = new InMemoryAdapter();
     const other = new Locker({ adapter, retry: { retries: 0 } });

@@ -221,6 +221,13 @@ describe('MutexManager across managers', () => {
   });
   after(() => redis.dispose());
 
+  it('[Symbol.asyncDispose] closes what the manager owns, as dispose() does', async () => {
+    const m = new MutexManager({ redis: { url: redis.url }, namespace: 'disposed' });
+    assert.equal(await m.runOperation('x', () => 1), 1);
+    await m[Symbol.asyncDispose]();
+    await assert.rejects(m.runOperation('x', () => 2));
+  });
+
   for (const [name, make] of [
     ['a shared InMemoryAdapter', () => {
       const adapter = new InMemoryAdapter();
