@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { BackendError, Locker, LockHeldError, ValidationError } from 'locco-rs';
 import { RedisAdapter, RedisReplicationError } from 'locco-rs/redis';
@@ -293,6 +294,35 @@ describe('RedisAdapter connection failures', { skip: ownServer }, () => {
     assert.equal(err.backend, 'redis');
     assert.equal(err.kind, 'auth');
     assert.doesNotMatch(`${err.message} ${err.stack}`, /wrong-pw/);
+  });
+
+  it('a server that wants a password and got none is an auth BackendError (NOAUTH)', async () => {
+    const guarded = await startRedis({ args: ['--requirepass', 'p4ss-word'] });
+    try {
+      const adapter = new RedisAdapter({ url: guarded.url, connectTimeout: 2000 });
+      const err = await new Locker({ adapter }).tryAcquire('x', { ttl: 1000 }).catch((e) => e);
+      await adapter.close();
+      assert.equal(err.code, 'LOCK_BACKEND', String(err));
+      assert.equal(err.kind, 'auth', err.message);
+      assert.match(err.message, /NOAUTH/);
+    } finally {
+      await guarded.dispose();
+    }
+  });
+
+  it('a port that answers HTTP says so', async () => {
+    const web = createServer((_, res) => res.end('not redis'));
+    await new Promise((resolve) => web.listen(0, '127.0.0.1', resolve));
+    try {
+      const adapter = new RedisAdapter({ url: `redis://127.0.0.1:${web.address().port}`, connectTimeout: 2000 });
+      const err = await new Locker({ adapter }).tryAcquire('x', { ttl: 1000 }).catch((e) => e);
+      await adapter.close();
+      assert.equal(err.code, 'LOCK_BACKEND', String(err));
+      assert.equal(err.kind, 'protocol', err.message);
+      assert.match(err.message, /answered HTTP/);
+    } finally {
+      web.close();
+    }
   });
 
   it('an unreachable host is an io BackendError within the connect timeout', async () => {

@@ -8,6 +8,26 @@ use crate::rt::error::BackendErrorKind;
 
 /// A driver failure as a `BackendError`, with every secret removed from the message.
 pub(crate) fn failure_of(secrets: &[String], e: RedisError) -> Failure {
+    // The server's own codes first: the driver files NOAUTH under no kind of its own.
+    if matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) {
+        return Failure {
+            code: e.code().map(str::to_string),
+            ..Failure::new(
+                "redis",
+                BackendErrorKind::Auth,
+                redact(secrets, e.to_string()),
+            )
+        };
+    }
+    let text = e.to_string();
+    // "HTTP/1.1 400 …": the first byte of the answer is no RESP type.
+    if text.contains("unknown type 'H'") {
+        let message = format!(
+            "{}: the server answered HTTP, not Redis: is the URL's port a Redis server's?",
+            redact(secrets, text)
+        );
+        return Failure::new("redis", BackendErrorKind::Protocol, message);
+    }
     let kind = match e.kind() {
         ErrorKind::AuthenticationFailed => BackendErrorKind::Auth,
         ErrorKind::Server(ServerErrorKind::NoPerm) => BackendErrorKind::Auth,
