@@ -17,7 +17,7 @@ const {
   ABORTED,
   PENDING,
 } = require('./native.js');
-const { inspect } = require('node:util');
+const { debuglog, inspect } = require('node:util');
 const { LockHeldError, LockLostError, LockStateError, validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
 const { adapterRef } = require('./adapters.js');
@@ -154,6 +154,21 @@ function eventOf(type, key, ttl, a, b, reason, error) {
       return { type, key, ttl, heldMs: a };
   }
 }
+
+/**
+ * `NODE_DEBUG=locco-rs`: one line per event of every Locker (acquired, contended, extended,
+ * lost, released, and failures). Read once, when the module loads: off, a Locker asks the engine
+ * for no events it was not asked for, so the hot path pays nothing.
+ */
+const debug = debuglog('locco-rs');
+const debugLine = debug.enabled
+  ? (e) => {
+      const at = 'waitedMs' in e ? `waited ${e.waitedMs.toFixed(1)} ms, ${e.attempts} attempt(s)` : 'elapsedMs' in e ? `attempt ${e.attempt}, ${e.elapsedMs.toFixed(1)} ms in` : `held ${e.heldMs.toFixed(1)} ms`;
+      const why = e.reason === undefined ? '' : ` (${e.reason})`;
+      const error = e.error === undefined ? '' : `: ${e.error.message}`;
+      debug('%s %j ttl %d ms, %s%s%s', e.type, e.key, e.ttl, at, why, error);
+    }
+  : undefined;
 
 function lostError(key, reason, cause) {
   return new LockLostError(`lock ${JSON.stringify(key)} was lost (${reason})`, { key, reason, cause });
@@ -377,7 +392,7 @@ class Locker {
         keyPrefix,
         fencing: options.fencing === true,
         retry: retrySpec('retry', options.retry),
-        events: onEvent !== undefined,
+        events: onEvent !== undefined || debugLine !== undefined,
         clockId: now ? registerClock(now) : undefined,
         customToken: token !== undefined,
       }),
@@ -393,10 +408,13 @@ class Locker {
     lockers.set(id, {
       token,
       onEvent:
-        onEvent &&
+        (onEvent !== undefined || debugLine !== undefined) &&
         ((...args) => {
+          const event = eventOf(...args);
+          debugLine?.(event);
+          if (onEvent === undefined) return;
           try {
-            onEvent(eventOf(...args));
+            onEvent(event);
           } catch {
             // What an event handler throws is dropped: it must not break locking.
           }

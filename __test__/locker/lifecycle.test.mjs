@@ -167,6 +167,44 @@ describe('a lock whose object is collected', () => {
   });
 });
 
+describe('NODE_DEBUG=locco-rs', () => {
+  const script = `
+    const { Locker } = require('locco-rs');
+    const { InMemoryAdapter } = require('locco-rs/memory');
+    (async () => {
+      const adapter = new InMemoryAdapter();
+      const first = new Locker({ adapter });
+      const second = new Locker({ adapter, retry: { retries: 100, delay: 10 } });
+      const lock = await first.acquire('job:7', { ttl: 300, autoExtend: { interval: 50, maxHold: 5000 } });
+      const waiting = second.acquire('job:7', { ttl: 1000 });
+      await new Promise((r) => setTimeout(r, 200));
+      await lock.release();
+      await (await waiting).release();
+      const late = await first.acquire('job:8', { ttl: 20 });
+      await new Promise((r) => setTimeout(r, 100));
+      console.log(late.state);
+    })();
+  `;
+
+  it('logs one line per event of every Locker, with the key and timings', async () => {
+    const r = await runNode(script, { env: { NODE_DEBUG: 'locco-rs' } });
+    assert.equal(r.status, 0, r.stderr);
+    const lines = r.stderr.split('\n').filter((l) => l.startsWith('LOCCO-RS '));
+    const kinds = new Set(lines.map((l) => l.split(' ')[2]));
+    for (const k of ['acquired', 'contended', 'extended', 'released']) assert.ok(kinds.has(k), `no ${k} line in:\n${r.stderr}`);
+    assert.ok(lines.some((l) => /acquired "job:7" ttl 1000 ms, waited \d+\.\d ms, \d+ attempt\(s\)/.test(l)), r.stderr);
+    assert.ok(lines.some((l) => /contended "job:7" ttl 1000 ms, attempt \d+, .* \(held\)/.test(l)), r.stderr);
+    // A lease that runs out unrenewed is a loss (reported once somebody listens: here the log).
+    assert.ok(lines.some((l) => /lost "job:8" ttl 20 ms, held .* \(expired\)/.test(l)), r.stderr);
+  });
+
+  it('logs nothing without it', async () => {
+    const r = await runNode(script, { env: { NODE_DEBUG: '' } });
+    assert.equal(r.status, 0, r.stderr);
+    assert.doesNotMatch(r.stderr, /LOCCO-RS/);
+  });
+});
+
 describe('the process', () => {
   const servers = {};
   before(async () => {

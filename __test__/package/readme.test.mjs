@@ -134,6 +134,7 @@ const notRun = {
   'docs/operations.md § Checking a deployment #2': 'runs locco-rs doctor; __test__/backends/doctor.test.mjs runs it against Redis and PostgreSQL',
   'docs/operations.md § `doctor` in CI #1': 'a CI job step: the same locco-rs doctor command',
   'docs/development.md § Building and testing #1': 'the set-up commands again, where the development notes explain them',
+  'docs/api.md § Events #1': 'sample NODE_DEBUG=locco-rs output; __test__/locker/lifecycle.test.mjs checks lines of this shape',
 };
 
 const setUp = 'npm install && npm run build && npm run demo\nbash scripts/test-all.sh\n';
