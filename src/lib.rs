@@ -6,36 +6,29 @@
 #![cfg_attr(test, allow(dead_code, unused_imports))]
 
 #[cfg(target_os = "linux")]
-mod alloc;
-#[cfg(target_os = "linux")]
 #[global_allocator]
-static ALLOCATOR: alloc::ThreadCached = alloc::ThreadCached;
+static ALLOCATOR: sys::alloc::ThreadCached = sys::alloc::ThreadCached;
 
-mod adapters;
-mod busy_poll;
-mod doctor;
-mod executor;
-mod fast;
-mod host;
-mod hub;
-mod lock;
-mod locker;
-mod ops;
-mod redlock;
+// From the bottom up: `sys` (the host's event loop, busy polling, the allocator), `js` (the
+// facade's trampolines, values, errors, text), `run` (the executor and operations), `backends`
+// (one constructor per adapter, and adapters written in JavaScript), `exports` (what the
+// facade calls). `registry` holds the native objects JavaScript refers to by number.
+mod backends;
+mod exports;
+mod js;
 mod registry;
-mod retry;
-mod text;
-#[cfg(unix)]
-mod uv_loop;
+mod run;
+mod sys;
 
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use ops::Raw;
+use run::executor;
+use run::ops::{self, Raw};
 
 /// Registers the facade's trampolines (an object of functions) and the function the timer
 /// thread calls to wake the event loop; answers the raw per-lock functions (see `fast`) and
-/// the facade's `realm` (see `hub::REALM_SPAN`).
+/// the facade's `realm` (see `js::REALM_SPAN`).
 #[napi(catch_unwind)]
 pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unknown) -> Result<Raw> {
     let names = [
@@ -56,7 +49,7 @@ pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unkno
         let f: Unknown = hub_fns.get_named_property(name)?;
         fns.push(f.raw());
     }
-    let realm = hub::register(env.raw(), &fns)?;
+    let realm = js::register(env.raw(), &fns, torn_down)?;
     let tsfn = wake
         .build_threadsafe_function::<()>()
         .weak::<true>()
@@ -66,7 +59,7 @@ pub fn init(env: Env, hub_fns: Object, wake: Function<(), ()>, end_values: Unkno
             Ok(())
         })?;
     executor::EXECUTOR.with(|e| e.set_wake(tsfn));
-    fast::functions(env.raw(), end_values.raw(), realm).map(Raw)
+    exports::fast::functions(env.raw(), end_values.raw(), realm).map(Raw)
 }
 
 /// The error behind the last `FAILED` answer, made by facade `realm`'s classes (by default
@@ -84,15 +77,15 @@ pub fn host_done(op_id: f64, kind: u32, value: f64) -> bool {
         0 => Ok(ops::HostValue::Bool(value != 0.0)),
         1 => Ok(ops::HostValue::Number(value)),
         2 => Ok(ops::HostValue::Null),
-        _ => Err(hub::foreign(value)),
+        _ => Err(js::foreign(value)),
     };
     ops::host_done(op_id, answer)
 }
 
-/// What the engine let go of since the last call, as flat (kind, id) pairs (see `host::Kept`).
+/// What the engine let go of since the last call, as flat (kind, id) pairs (see `backends::js::Kept`).
 #[napi(catch_unwind)]
 pub fn take_released() -> Vec<f64> {
-    host::take_released()
+    backends::js::take_released()
 }
 
 /// Runs the executor's work left over by a drain that used up its budget (`resume`).
@@ -111,4 +104,17 @@ pub fn panic_for_test(op_id: f64) -> Raw {
 #[napi(catch_unwind)]
 pub fn panic_sync_for_test() {
     panic!("deliberate synchronous panic for a test")
+}
+
+/// The environment's teardown, in a fixed order: first nothing may call into JavaScript any
+/// more; then the tasks go (so that late wakes find nothing to run); then the operations and
+/// native objects. libuv handles are closed by their own hook (`sys::uv_loop`).
+unsafe extern "C" fn torn_down(_arg: *mut std::ffi::c_void) {
+    js::calls::forget_realms();
+    run::executor::teardown();
+    run::ops::teardown();
+    registry::teardown();
+    run::executor::teardown();
+    #[cfg(target_os = "linux")]
+    sys::alloc::close_this_thread();
 }

@@ -13,8 +13,8 @@ use locco_core::redlock::RedlockBackend;
 use locco_core::{Abort, Backend, Delay, Error, LocalWakeups, Lock, Locker, MemoryBackend};
 use napi_derive::napi;
 
-use crate::host::JsBackend;
-use crate::ops::{self, Raw};
+use crate::backends::js::JsBackend;
+use crate::run::ops::{self, Raw};
 
 /// Backends that cannot report releases get this process's release wake-ups.
 pub(crate) enum Adapter {
@@ -146,7 +146,7 @@ pub(crate) fn register(adapter: Adapter) -> f64 {
 /// An id for JavaScript, or `FAILED` with the error.
 pub(crate) fn id_or_fail(built: Result<f64, Error>) -> Raw {
     match built {
-        Ok(id) => Raw(crate::hub::num(id)),
+        Ok(id) => Raw(crate::js::num(id)),
         Err(e) => ops::fail(e),
     }
 }

@@ -7,8 +7,8 @@ use locco_core::safety::{
 use locco_core::{Error, Op};
 use napi_derive::napi;
 
-use crate::ops::{self, Answer, Raw};
 use crate::registry::{Adapter, REG};
+use crate::run::ops::{self, Answer, Raw};
 
 /// The options of one check (times in ms; unset: the engine's defaults).
 #[napi(object, object_to_js = false)]

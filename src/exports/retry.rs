@@ -6,9 +6,9 @@ use std::rc::Rc;
 use locco_core::{Backoff, Delay, Error, RetryOverrides};
 use napi_derive::napi;
 
-use crate::host::JsDelay;
-use crate::ops::{self, Raw};
+use crate::backends::js::JsDelay;
 use crate::registry::*;
+use crate::run::ops::{self, Raw};
 
 /// Forgets a native backoff whose function was collected.
 #[napi(catch_unwind)]
@@ -27,7 +27,7 @@ pub fn create_backoff(base: f64, max: f64, factor: f64, jitter: bool) -> Raw {
         Ok(b) => {
             let id = next_id();
             REG.with(|r| r.borrow_mut().delays.insert(id as u64, Delay::Backoff(b)));
-            Raw(crate::hub::num(id))
+            Raw(crate::js::num(id))
         }
         Err(e) => ops::fail(e),
     }

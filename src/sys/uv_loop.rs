@@ -4,7 +4,7 @@
 //! Writes are queued and leave just before libuv waits for events (a prepare handle), or
 //! earlier once a batch is large: the requests that one turn of the loop makes share a few
 //! `send`s. A lone request leaves at once. While its answer may be near, the loop polls
-//! instead of sleeping, for a bounded time ([`crate::busy_poll`]).
+//! instead of sleeping, for a bounded time ([`crate::sys::busy_poll`]).
 //!
 //! Node exports libuv's functions to addons; they resolve when the addon loads.
 
@@ -21,7 +21,9 @@ use std::task::{Context, Waker};
 use locco_core::{EventLoop, LocalFuture, SocketWatch, LOOP_ACTIVITY};
 use napi::sys;
 
-use crate::{busy_poll, executor, hub};
+use crate::js;
+use crate::run::executor;
+use crate::sys::busy_poll;
 
 type PollCb = unsafe extern "C" fn(handle: *mut c_void, status: c_int, events: c_int);
 /// A close callback, or a prepare handle's callback: both get only the handle.
@@ -70,7 +72,7 @@ pub struct UvLoop {
 impl UvLoop {
     /// Called on the JavaScript thread, inside a call from JavaScript.
     pub fn current() -> napi::Result<UvLoop> {
-        let env = hub::env();
+        let env = js::env();
         let mut lp = ptr::null_mut();
         check(
             unsafe { sys::napi_get_uv_event_loop(env, &mut lp) },
@@ -401,7 +403,7 @@ unsafe fn ready(handle: *mut c_void, status: c_int, events: c_int) {
 /// Polls the tasks a socket woke, inside a callback scope so that the promises they settle
 /// run their reactions before libuv goes on.
 fn run_woken_tasks() {
-    let env = hub::env();
+    let env = js::env();
     let ctx = ASYNC_CONTEXT.with(Cell::get);
     if env.is_null() || ctx.is_null() {
         return;

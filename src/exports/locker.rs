@@ -9,12 +9,12 @@ use locco_core::{
 use napi::bindgen_prelude::Either;
 use napi_derive::napi;
 
-use crate::executor::Spawner;
-use crate::host::{self, Hooks, JsClock};
-use crate::ops::{self, Answer, Raw};
+use crate::backends::js::{self as host, Hooks, JsClock};
+use crate::exports::retry::{retry_layer, RetrySpec};
+use crate::js::text::Key;
 use crate::registry::*;
-use crate::retry::{retry_layer, RetrySpec};
-use crate::text::Key;
+use crate::run::executor::Spawner;
+use crate::run::ops::{self, Answer, Raw};
 
 /// Forgets a Locker whose object was collected. Its locks still alive keep what they need.
 #[napi(catch_unwind)]
@@ -389,7 +389,7 @@ pub fn abort(abort_id: f64) {
     if let Some(a) = a {
         a.abort();
     }
-    crate::executor::drain();
+    crate::run::executor::drain();
 }
 
 /// Forgets an abort handle once its acquisition is over.

@@ -10,10 +10,13 @@ use locco_core::redis::{RedisBackend, RedisOptions, WaitForReplicas};
 use locco_core::{validate_ttl, Error, LocalWakeups, MemoryBackend};
 use napi_derive::napi;
 
-use crate::host::{self, JsClock};
-use crate::ops::{self, Answer, Raw};
+pub mod js;
+pub mod redlock;
+
+use self::js::JsClock;
+use crate::js::text::Key;
 use crate::registry::*;
-use crate::text::Key;
+use crate::run::ops::{self, Answer, Raw};
 
 /// Forgets a built-in adapter whose object was collected. Lockers over it keep its backend.
 #[napi(catch_unwind)]
@@ -54,14 +57,14 @@ pub fn memory_clear(adapter_id: f64) {
     if let Some(m) = backend {
         m.clear();
     }
-    crate::executor::drain();
+    crate::run::executor::drain();
 }
 
 /// A push from a JavaScript adapter's `watchQueue`: its waiter `waiter` may try now.
 #[napi(catch_unwind)]
 pub fn adapter_wake(adapter_id: f64, waiter: String) {
     js_adapter_wake(adapter_id, &waiter);
-    crate::executor::drain();
+    crate::run::executor::drain();
 }
 
 /// A Redis adapter, as the facade describes it (times in ms; unset: the engine's defaults).
@@ -111,11 +114,14 @@ pub fn create_redis_adapter(spec: RedisSpec) -> Raw {
         }
         let mut backend = RedisBackend::new(options)?;
         backend.on_warning(Rc::new(|text: String| {
-            let code = crate::hub::string("LOCCO_REDIS_EVICTION");
-            let _ = crate::hub::call(crate::hub::Fn_::Warn, &[code, crate::hub::string(&text)]);
+            let code = crate::js::string("LOCCO_REDIS_EVICTION");
+            let _ = crate::js::call(
+                crate::js::Trampoline::Warn,
+                &[code, crate::js::string(&text)],
+            );
         }));
         #[cfg(unix)]
-        let event_loop = crate::uv_loop::UvLoop::current()
+        let event_loop = crate::sys::uv_loop::UvLoop::current()
             .map_err(|e| Error::Internal(format!("the Redis adapter: {e}")))?;
         #[cfg(unix)]
         backend.on_event_loop(Rc::new(event_loop));
@@ -250,7 +256,7 @@ pub fn postgres_sweep(adapter_id: f64, op_id: f64) -> Raw {
 #[napi(catch_unwind)]
 pub fn postgres_ddl(table_name: String) -> Raw {
     match locks_ddl(&table_name) {
-        Ok(ddl) => Raw(crate::hub::string(&ddl)),
+        Ok(ddl) => Raw(crate::js::string(&ddl)),
         Err(e) => ops::fail(e),
     }
 }
@@ -349,7 +355,7 @@ pub fn mongo_indexes() -> String {
     locks_indexes_json()
 }
 
-/// Calls one method of a built-in adapter directly (`method` as in `host::ACQUIRE`…).
+/// Calls one method of a built-in adapter directly (`method` as in `js::ACQUIRE`…).
 #[napi(catch_unwind)]
 pub fn adapter_call(
     adapter_id: f64,
@@ -364,7 +370,7 @@ pub fn adapter_call(
         Ok(c) => c,
         Err(e) => return ops::fail(e),
     };
-    let takes_ttl = method != host::RELEASE && method != host::IS_HELD;
+    let takes_ttl = method != js::RELEASE && method != js::IS_HELD;
     if takes_ttl {
         if let Err(e) = validate_ttl("ttl", ttl) {
             return ops::fail(e);
@@ -373,10 +379,10 @@ pub fn adapter_call(
     let ttl = ttl as u32;
     let boolean = |op: locco_core::Op<bool>| async move { op.await.map(Answer::Bool) };
     match method {
-        m if m == host::ACQUIRE => ops::run(op_id, boolean(backend.acquire(&key, &token, ttl))),
-        m if m == host::RELEASE => ops::run(op_id, boolean(backend.release(&key, &token))),
-        m if m == host::EXTEND => ops::run(op_id, boolean(backend.extend(&key, &token, ttl))),
-        m if m == host::IS_HELD => ops::run(op_id, boolean(backend.is_held(&key, &token))),
+        m if m == js::ACQUIRE => ops::run(op_id, boolean(backend.acquire(&key, &token, ttl))),
+        m if m == js::RELEASE => ops::run(op_id, boolean(backend.release(&key, &token))),
+        m if m == js::EXTEND => ops::run(op_id, boolean(backend.extend(&key, &token, ttl))),
+        m if m == js::IS_HELD => ops::run(op_id, boolean(backend.is_held(&key, &token))),
         _ => {
             let op = backend.acquire_fenced(&key, &token, ttl);
             ops::run(op_id, async move {

@@ -4,14 +4,14 @@
 use locco_core::{validate_ttl, Error, Lock, LockState, Releasing};
 use napi_derive::napi;
 
-use crate::ops::{self, Answer, Raw};
 use crate::registry::*;
+use crate::run::ops::{self, Answer, Raw};
 
 /// The state of a lock, read on the clock: 0 held, 1 lost, 2 released, -1 unknown.
 #[napi(catch_unwind)]
 pub fn lock_state(lock_id: f64) -> i32 {
     let state = lock(lock_id).map(|l| l.state());
-    crate::executor::drain();
+    crate::run::executor::drain();
     match state {
         Some(LockState::Held) => 0,
         Some(LockState::Lost) => 1,
@@ -24,7 +24,7 @@ pub fn lock_state(lock_id: f64) -> i32 {
 #[napi(catch_unwind)]
 pub fn lock_lost_reason(lock_id: f64) -> Option<String> {
     let reason = lock(lock_id).and_then(|l| l.lost_reason());
-    crate::executor::drain();
+    crate::run::executor::drain();
     reason.map(|r| r.as_str().to_string())
 }
 
@@ -32,15 +32,15 @@ pub fn lock_lost_reason(lock_id: f64) -> Option<String> {
 #[napi(catch_unwind)]
 pub fn lock_lost_cause(lock_id: f64) -> Raw {
     match lock(lock_id).and_then(|l| l.lost_cause()) {
-        Some(e) => Raw(crate::hub::error_value(&e)),
-        None => Raw(crate::hub::undefined()),
+        Some(e) => Raw(crate::js::error_value(&e)),
+        None => Raw(crate::js::undefined()),
     }
 }
 
 #[napi(catch_unwind)]
 pub fn lock_held_ms(lock_id: f64) -> f64 {
     let ms = lock(lock_id).map_or(0.0, |l| l.held_ms());
-    crate::executor::drain();
+    crate::run::executor::drain();
     ms
 }
 
@@ -65,7 +65,7 @@ pub fn lock_watch(lock_id: f64) {
     if let Some(l) = lock(lock_id) {
         l.watch();
     }
-    crate::executor::drain();
+    crate::run::executor::drain();
 }
 
 /// Stops a lock's heartbeat for good.
@@ -176,7 +176,7 @@ pub fn lock_end(lock_id: f64, out: &mut [f64]) -> Option<napi::sys::napi_value> 
         l.ttl() as f64,
     ];
     out.get_mut(..values.len())?.copy_from_slice(&values);
-    let token = crate::hub::string(l.token());
+    let token = crate::js::string(l.token());
     REG.with(|r| r.borrow_mut().locks.remove(&(lock_id as u64)));
     Some(token)
 }

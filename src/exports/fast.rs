@@ -8,7 +8,7 @@ use std::ptr;
 
 use napi::sys;
 
-use crate::ops::{self, Raw};
+use crate::run::ops::{self, Raw};
 
 /// A facade's Float64Array of numbers the fast calls hand back beside their answer; one per
 /// load of the facade, handed to the functions as their callback data. Slots 0-2: a forgotten
@@ -53,7 +53,7 @@ pub fn functions(
         // The array lives as long as the facade; a reference keeps it even so, and the small
         // record pointing at it lives as long (one per load of the facade).
         let mut keep = ptr::null_mut();
-        crate::hub::check(
+        crate::js::check(
             sys::napi_create_reference(env, end_values, 1, &mut keep),
             "keep the facade's array",
         )?;
@@ -72,7 +72,7 @@ pub fn functions(
         ];
         for (name, cb) in entries {
             let mut f = ptr::null_mut();
-            crate::hub::check(
+            crate::js::check(
                 sys::napi_create_function(
                     env,
                     name.as_ptr(),
@@ -83,7 +83,7 @@ pub fn functions(
                 ),
                 "make a function",
             )?;
-            crate::hub::check(
+            crate::js::check(
                 sys::napi_set_named_property(env, object, name.as_ptr(), f),
                 "set a property",
             )?;
@@ -138,7 +138,7 @@ unsafe fn guarded(env: sys::napi_env, body: impl FnOnce() -> sys::napi_value) ->
         Err(panic) => {
             let text = format!(
                 "panic in locco-rs: {}",
-                crate::executor::panic_message(panic)
+                crate::run::executor::panic_message(panic)
             );
             let text = std::ffi::CString::new(text.replace('\0', " ")).unwrap_or_default();
             sys::napi_throw_error(env, ptr::null(), text.as_ptr());
@@ -154,14 +154,21 @@ unsafe extern "C" fn acquire_ttl(
 ) -> sys::napi_value {
     guarded(env, || {
         let ([locker, mode, key, ttl, op], end) = args_and_data::<5>(env, info);
-        let key = match crate::text::read(env, key) {
+        let key = match crate::js::text::read(env, key) {
             Ok(key) => key,
             Err(bad) => return ops::fail(bad.error("key")).0,
         };
         let locker = number(env, locker);
         let mode = number(env, mode) as u32;
         deferring(end, || {
-            crate::locker::acquire_ttl(locker, mode, key, number(env, ttl), number(env, op)).0
+            crate::exports::locker::acquire_ttl(
+                locker,
+                mode,
+                key,
+                number(env, ttl),
+                number(env, op),
+            )
+            .0
         })
     })
 }
@@ -172,7 +179,7 @@ unsafe extern "C" fn release(env: sys::napi_env, info: sys::napi_callback_info) 
     guarded(env, || {
         let ([lock, final_attempt, op], end) = args_and_data::<3>(env, info);
         deferring(end, || {
-            crate::lock::release(
+            crate::exports::lock::release(
                 number(env, lock),
                 boolean(env, final_attempt),
                 number(env, op),
@@ -222,9 +229,9 @@ unsafe extern "C" fn lock_end(
 ) -> sys::napi_value {
     guarded(env, || {
         let ([lock], end) = args_and_data::<1>(env, info);
-        let answer: Raw = match crate::lock::lock_end(number(env, lock), end_values(end)) {
+        let answer: Raw = match crate::exports::lock::lock_end(number(env, lock), end_values(end)) {
             Some(token) => Raw(token),
-            None => Raw(crate::hub::null()),
+            None => Raw(crate::js::null()),
         };
         answer.0
     })

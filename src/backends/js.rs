@@ -12,8 +12,8 @@ use locco_core::{
     LostReason, Op,
 };
 
-use crate::hub::{self, Fn_};
-use crate::ops::{call_host, HostValue};
+use crate::js::{self, Trampoline};
+use crate::run::ops::{call_host, HostValue};
 
 /// What the facade keeps for the engine (user functions, adapter objects), by kind: when the
 /// engine drops its side, the facade is told (`take_released`) and forgets its side.
@@ -84,21 +84,21 @@ impl JsBackend {
         ttl: Option<u32>,
         queue: Option<(&str, u32)>,
     ) -> Op<HostValue> {
-        let ttl = ttl.map_or_else(hub::undefined, |t| hub::num(t as f64));
+        let ttl = ttl.map_or_else(js::undefined, |t| js::num(t as f64));
         let (waiter, lease) = match queue {
-            Some((w, l)) => (hub::string(w), hub::num(l as f64)),
-            None => (hub::undefined(), hub::undefined()),
+            Some((w, l)) => (js::string(w), js::num(l as f64)),
+            None => (js::undefined(), js::undefined()),
         };
         let args = vec![
-            hub::num(self.id),
-            hub::num(method),
-            hub::string(key),
-            hub::string(token),
+            js::num(self.id),
+            js::num(method),
+            js::string(key),
+            js::string(token),
             ttl,
             waiter,
             lease,
         ];
-        call_host(Fn_::CallAdapter, args)
+        call_host(Trampoline::CallAdapter, args)
     }
 
     fn boolean(&self, method: f64, key: &str, token: &str, ttl: Option<u32>) -> Op<bool> {
@@ -199,7 +199,7 @@ impl locco_core::Queue for JsBackend {
 
 /// A clock injected as a JavaScript function.
 pub struct JsClock {
-    /// The facade's id for the function (see `hub::REALM_SPAN`).
+    /// The facade's id for the function (see `js::REALM_SPAN`).
     pub id: f64,
 }
 
@@ -211,8 +211,8 @@ impl Drop for JsClock {
 
 impl Clock for JsClock {
     fn now(&self) -> f64 {
-        match hub::call_in(hub::realm_of(self.id), Fn_::Now, &[hub::num(self.id)]) {
-            Ok(v) => hub::get_f64(v).unwrap_or(f64::NAN),
+        match js::call_in(js::realm_of(self.id), Trampoline::Now, &[js::num(self.id)]) {
+            Ok(v) => js::get_f64(v).unwrap_or(f64::NAN),
             Err(_) => f64::NAN,
         }
     }
@@ -232,12 +232,12 @@ impl Drop for JsDelay {
 impl DelayFn for JsDelay {
     fn delay(&self, input: DelayInput) -> Pin<Box<dyn Future<Output = locco_core::Result<f64>>>> {
         let args = vec![
-            hub::num(self.id),
-            hub::num(input.attempt as f64),
-            hub::num(input.elapsed_ms),
-            hub::num(input.previous_delay),
+            js::num(self.id),
+            js::num(input.attempt as f64),
+            js::num(input.elapsed_ms),
+            js::num(input.previous_delay),
         ];
-        let op = call_host(Fn_::CallDelay, args);
+        let op = call_host(Trampoline::CallDelay, args);
         Box::pin(async move {
             match op.await? {
                 HostValue::Number(n) => Ok(n),
@@ -252,8 +252,8 @@ impl DelayFn for JsDelay {
 
 /// Calls the facade's token source for one Locker.
 pub fn js_token(locker_id: f64) -> locco_core::Result<String> {
-    match hub::call(Fn_::Token, &[hub::num(locker_id)]) {
-        Ok(v) => hub::get_string(v).filter(|s| !s.is_empty()).ok_or_else(|| {
+    match js::call(Trampoline::Token, &[js::num(locker_id)]) {
+        Ok(v) => js::get_string(v).filter(|s| !s.is_empty()).ok_or_else(|| {
             Error::validation("token", "the token function must return a non-empty string")
         }),
         Err(exc) => {
@@ -326,26 +326,26 @@ impl EventSink for Hooks {
                 } => (key, *ttl, *held_ms, 0.0, Some(reason.as_str()), *error),
             };
         let args = [
-            hub::num(self.locker_id),
-            hub::string(event.kind()),
-            hub::string(key),
-            hub::num(ttl as f64),
-            hub::num(a),
-            hub::num(b),
-            reason.map_or_else(hub::undefined, hub::string),
-            error.map_or_else(hub::undefined, hub::error_value),
+            js::num(self.locker_id),
+            js::string(event.kind()),
+            js::string(key),
+            js::num(ttl as f64),
+            js::num(a),
+            js::num(b),
+            reason.map_or_else(js::undefined, js::string),
+            error.map_or_else(js::undefined, js::error_value),
         ];
-        let _ = hub::call(Fn_::Event, &args);
+        let _ = js::call(Trampoline::Event, &args);
     }
 }
 
 impl LossListener for Hooks {
     fn lost(&self, lock_id: u64, reason: LostReason, cause: Option<&Error>) {
         let args = [
-            hub::num(lock_id as f64),
-            hub::string(reason.as_str()),
-            cause.map_or_else(hub::undefined, hub::error_value),
+            js::num(lock_id as f64),
+            js::string(reason.as_str()),
+            cause.map_or_else(js::undefined, js::error_value),
         ];
-        let _ = hub::call(Fn_::Lost, &args);
+        let _ = js::call(Trampoline::Lost, &args);
     }
 }

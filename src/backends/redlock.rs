@@ -7,9 +7,9 @@ use locco_core::redlock::{RedlockBackend, RedlockOptions};
 use locco_core::{Error, LocalWakeups};
 use napi_derive::napi;
 
-use crate::adapters::{at_least_one, backend_of};
-use crate::ops::{self, Answer, Raw};
+use crate::backends::{at_least_one, backend_of};
 use crate::registry::*;
+use crate::run::ops::{self, Answer, Raw};
 
 /// A Redlock adapter, as the facade describes it (times in ms; unset: the engine's defaults).
 #[napi(object, object_to_js = false)]
@@ -44,11 +44,14 @@ pub fn create_redlock_adapter(spec: RedlockSpec) -> Raw {
         });
         let mut backend = RedlockBackend::new(options)?;
         backend.on_warning(Rc::new(|text: String| {
-            let code = crate::hub::string("LOCCO_REDIS_EVICTION");
-            let _ = crate::hub::call(crate::hub::Fn_::Warn, &[code, crate::hub::string(&text)]);
+            let code = crate::js::string("LOCCO_REDIS_EVICTION");
+            let _ = crate::js::call(
+                crate::js::Trampoline::Warn,
+                &[code, crate::js::string(&text)],
+            );
         }));
         #[cfg(unix)]
-        let event_loop = crate::uv_loop::UvLoop::current()
+        let event_loop = crate::sys::uv_loop::UvLoop::current()
             .map_err(|e| Error::Internal(format!("the Redlock adapter: {e}")))?;
         #[cfg(unix)]
         backend.on_event_loop(Rc::new(event_loop));

@@ -20,7 +20,7 @@ use std::thread::ThreadId;
 use locco_core::{IdMap, LocalFuture};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 
-use crate::ops;
+use crate::run::ops;
 
 type WakeFn = ThreadsafeFunction<(), (), (), napi::Status, false, true>;
 
@@ -264,7 +264,7 @@ impl Executor {
                     // calls of that one in a single turn, which would not let the loop run.
                     Some(at)
                         if locco_core::monotonic_reading() - at >= DRAIN_BUDGET_MS
-                            && crate::hub::call(crate::hub::Fn_::Resume, &[]).is_ok() =>
+                            && crate::js::call(crate::js::Trampoline::Resume, &[]).is_ok() =>
                     {
                         self.behind.set(true);
                         break;

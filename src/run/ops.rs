@@ -15,8 +15,8 @@ use locco_core::{Error, Op};
 use napi::bindgen_prelude::{ToNapiValue, TypeName, ValidateNapiValue};
 use napi::{sys, ValueType};
 
-use crate::executor::{self, Guarded};
-use crate::hub::{self, Fn_};
+use crate::js::{self, Trampoline};
+use crate::run::executor::{self, Guarded};
 
 pub const PENDING: f64 = -1.0;
 pub const FAILED: f64 = -2.0;
@@ -58,30 +58,30 @@ pub enum Answer {
 impl Answer {
     fn to_js(&self) -> sys::napi_value {
         match self {
-            Answer::Number(n) => hub::num(*n),
-            Answer::Text(t) => hub::string(t),
-            Answer::Bool(b) => hub::boolean(*b),
-            Answer::Null => hub::null(),
-            Answer::Undefined => hub::undefined(),
+            Answer::Number(n) => js::num(*n),
+            Answer::Text(t) => js::string(t),
+            Answer::Bool(b) => js::boolean(*b),
+            Answer::Null => js::null(),
+            Answer::Undefined => js::undefined(),
             Answer::Numbers(ns) => {
-                let env = hub::env();
+                let env = js::env();
                 let mut arr = std::ptr::null_mut();
                 unsafe {
                     sys::napi_create_array_with_length(env, ns.len(), &mut arr);
                     for (i, n) in ns.iter().enumerate() {
-                        sys::napi_set_element(env, arr, i as u32, hub::num(*n));
+                        sys::napi_set_element(env, arr, i as u32, js::num(*n));
                     }
                 }
                 arr
             }
-            Answer::Info(info) => hub::key_info(info),
+            Answer::Info(info) => js::key_info(info),
             Answer::Infos(infos) => {
-                let env = hub::env();
+                let env = js::env();
                 let mut arr = std::ptr::null_mut();
                 unsafe {
                     sys::napi_create_array_with_length(env, infos.len(), &mut arr);
                     for (i, info) in infos.iter().enumerate() {
-                        sys::napi_set_element(env, arr, i as u32, hub::key_info(info));
+                        sys::napi_set_element(env, arr, i as u32, js::key_info(info));
                     }
                 }
                 arr
@@ -100,9 +100,9 @@ thread_local! {
 pub fn take_error(realm: Option<u32>) -> Raw {
     let err = LAST_ERROR.with(|e| e.borrow_mut().take());
     Raw(match (err, realm) {
-        (Some(e), Some(realm)) => hub::error_value_in(realm, &e),
-        (Some(e), None) => hub::error_value(&e),
-        (None, _) => hub::undefined(),
+        (Some(e), Some(realm)) => js::error_value_in(realm, &e),
+        (Some(e), None) => js::error_value(&e),
+        (None, _) => js::undefined(),
     })
 }
 
@@ -117,7 +117,7 @@ pub fn teardown() {
 /// Answers `FAILED` now, keeping `err` for `takeError()`.
 pub fn fail(err: Error) -> Raw {
     LAST_ERROR.with(|e| *e.borrow_mut() = Some(err));
-    Raw(hub::num(FAILED))
+    Raw(js::num(FAILED))
 }
 
 fn flatten(r: OpOutput) -> Result<Answer, Error> {
@@ -162,7 +162,7 @@ pub fn finished(answer: Result<Answer, Error>) -> Option<Result<Answer, Error>> 
 pub type OpOutput = Result<Result<Answer, Error>, String>;
 
 /// Settles an operation that went on after the call that started it: facade `realm` (the one
-/// that started it, see `hub::realm_of`) hears of its end.
+/// that started it, see `js::realm_of`) hears of its end.
 pub struct Settle {
     realm: u32,
     op_id: f64,
@@ -179,12 +179,12 @@ impl Settle {
         }
         let (value, is_error) = match r {
             Ok(a) => (a.to_js(), false),
-            Err(e) => (hub::error_value_in(realm, &e), true),
+            Err(e) => (js::error_value_in(realm, &e), true),
         };
-        let _ = hub::call_in(
+        let _ = js::call_in(
             realm,
-            Fn_::Settle,
-            &[hub::num(op_id), value, hub::boolean(is_error)],
+            Trampoline::Settle,
+            &[js::num(op_id), value, js::boolean(is_error)],
         );
     }
 }
@@ -193,7 +193,7 @@ impl Settle {
 /// when it goes on (and settles `op_id` later).
 pub fn start(op_id: f64, fut: GuardedOp) -> Option<Result<Answer, Error>> {
     let settle = Settle {
-        realm: hub::realm_of(op_id),
+        realm: js::realm_of(op_id),
         op_id,
     };
     // The call reads the clocks once (a hand-off reads them about ten times otherwise).
@@ -261,7 +261,7 @@ fn defer(realm: u32, op_id: f64, value: f64) -> bool {
 /// The rest of [`run`]: what JavaScript receives for what [`start`] answered.
 pub fn finish(done: Option<Result<Answer, Error>>) -> Raw {
     match done {
-        None => Raw(hub::num(PENDING)),
+        None => Raw(js::num(PENDING)),
         Some(Ok(a)) => Raw(a.to_js()),
         Some(Err(e)) => fail(e),
     }
@@ -287,16 +287,16 @@ thread_local! {
 
 /// Calls JavaScript through `which` with `args` plus a fresh op id, and waits for
 /// `done(opId, …)`. Dropping the future forgets the op; a late answer is then ignored.
-pub fn call_host(which: Fn_, mut args: Vec<sys::napi_value>) -> Op<HostValue> {
+pub fn call_host(which: Trampoline, mut args: Vec<sys::napi_value>) -> Op<HostValue> {
     let id = NEXT_OP.with(|n| n.replace(n.get() + 1));
     let slot: Rc<RefCell<Slot>> = Rc::default();
     WAITING.with(|w| w.borrow_mut().insert(id, slot.clone()));
-    args.push(hub::num(id as f64));
-    if let Err(exc) = hub::call(which, &args) {
+    args.push(js::num(id as f64));
+    if let Err(exc) = js::call(which, &args) {
         WAITING.with(|w| w.borrow_mut().remove(&id));
         return Op::ready(Err(Error::Internal(format!(
             "the facade's trampoline threw: {:?}",
-            hub::get_string(exc)
+            js::get_string(exc)
         ))));
     }
     if let Some(v) = slot.borrow_mut().value.take() {
