@@ -1,5 +1,5 @@
 //! The PostgreSQL backend's fair queue (see [`crate::contract::Queue`]): the statements over the
-//! waiter table, and the LISTEN connection that hears the pushes.
+//! waiter table, the queue's verbs, and the LISTEN connection that hears the pushes.
 //!
 //! A place is a row `(key, waiter, channel, seq, expires_at)` of `<table>_waiters`; the queue of
 //! a key is its live rows in `seq` order (an identity column, so a role needs no grant on a
@@ -19,7 +19,11 @@ use tokio_postgres::AsyncMessage;
 
 use crate::backend::shared::io;
 use crate::backend::shared::wake_board::WakeBoard;
-use crate::contract::Waiter;
+use crate::contract::{Op, Queue, Queued, Waiter};
+use crate::rt::error::Error;
+
+use super::sql::{params, Params};
+use super::{PostgresBackend, Rows, Who};
 
 /// Milliseconds from `$n`, as an interval.
 fn ms(param: &str) -> String {
@@ -320,6 +324,67 @@ where
         _ = stop.wait_for(|s| *s) => {}
     }
     true
+}
+
+impl Queue for PostgresBackend {
+    fn acquire_queued(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: u32,
+        waiter: &str,
+        lease: u32,
+        fenced: bool,
+    ) -> Op<Queued> {
+        if fenced {
+            if let Err(why) = &self.inner.names.fence_ok {
+                return Op::ready(Err(Error::validation("tableName", why.clone())));
+            }
+        }
+        let mut p = params(key, token, Some(ttl));
+        p.push(Box::new(waiter.to_owned()));
+        p.push(Box::new(f64::from(lease)));
+        p.push(Box::new(self.inner.pushes.channel.clone()));
+        let answer = move |rows: Rows, fair| {
+            let waiting = Queued::Waiting { retry_in: None };
+            let Some(row) = rows.first() else {
+                return waiting;
+            };
+            if fair && !row.get::<_, bool>(0) {
+                return Queued::Waiting {
+                    retry_in: row.get(2),
+                };
+            }
+            let fence: Option<i64> = row.get(usize::from(fair));
+            Queued::Granted(fence.filter(|_| fenced).map(|f| f as u64))
+        };
+        self.key_op(
+            Who::Other,
+            p,
+            move |s, fair| Some(s.queued(fair, fenced)),
+            answer,
+            fenced,
+        )
+    }
+
+    fn leave(&self, key: &str, waiter: &str) -> Op<()> {
+        let p: Params = vec![Box::new(key.to_owned()), Box::new(waiter.to_owned())];
+        self.key_op(
+            Who::Other,
+            p,
+            |s, fair| s.fair(fair).map(|f| (&f.leave, 2)),
+            |_, _| (),
+            false,
+        )
+    }
+
+    fn wakeups(&self, _key: &str, waiter: &str) -> Box<dyn Waiter> {
+        // Without a waiter table nobody pushes: no LISTEN connection, the waiter re-checks.
+        match self.inner.table_ready.get() {
+            Some(false) => self.inner.pushes.board.listen(waiter),
+            _ => self.inner.pushes.listen(waiter),
+        }
+    }
 }
 
 #[cfg(test)]
