@@ -90,7 +90,7 @@ function delayId(fn) {
   return fn[NATIVE_DELAY] ?? registerDelay(fn);
 }
 
-/** Checks a RetryOptions layer and answers the binding's view of it (src/retry.rs RetrySpec). */
+/** Checks a RetryOptions layer and answers the binding's view of it (src/exports/retry.rs RetrySpec). */
 function retrySpec(field, retry) {
   if (retry === undefined) return undefined;
   if (!isObject(retry)) throw validation(field, 'must be an object { retries?, delay?, timeout? }');
@@ -265,7 +265,7 @@ class Lock {
     try {
       const opId = nextOpId();
       const r = fast.release(this._id, final, opId);
-      // Deleted and forgotten within the call: the answer is the token (see src/fast.rs).
+      // Deleted and forgotten within the call: the answer is the token (see src/exports/fast.rs).
       if (typeof r === 'string') return Promise.resolve(this._afterRelease(true, r));
       const after = (deleted) => this._afterRelease(deleted);
       const a = answer(r, opId, after, 'release', this._key, true);
@@ -614,7 +614,7 @@ class Locker {
     });
   }
 
-  /** Checks one acquisition's options; answers the binding's view of them (src/locker.rs AcquireSpec). */
+  /** Checks one acquisition's options; answers the binding's view of them (src/exports/locker.rs AcquireSpec). */
   _spec(options, single) {
     if (!isObject(options)) throw validation('options', 'must be an object with a ttl');
     if (options.ttl === undefined) throw validation('ttl', 'is required (lease length in ms)');

@@ -299,7 +299,7 @@ function resumeEngine() {
   native.runPending();
 }
 
-// Numbers the fast calls hand back beside their answer (src/fast.rs): slots 0-2 hold a
+// Numbers the fast calls hand back beside their answer (src/exports/fast.rs): slots 0-2 hold a
 // forgotten lock's held time, fence and ttl (`fast.lockEnd`); from slot 3 on, a count and the
 // (opId, value) pairs of operations that finished within a fast call, which `settleDeferred`
 // settles when it returns.
@@ -325,7 +325,7 @@ function settleDeferred() {
   endValues[DEFERRED_AT] = 0;
   for (let i = 0; i < pairs.length; i += 2) hub.settle(pairs[i], pairs[i + 1], false);
 }
-// The calls every lock makes, as raw functions (src/fast.rs): acquireTtl, release, lockEnd.
+// The calls every lock makes, as raw functions (src/exports/fast.rs): acquireTtl, release, lockEnd.
 // The first two may finish other operations (a release hands the key to a waiter): those are
 // settled as each returns.
 const rawFast = native.init(hub, () => {}, endValues);
@@ -352,7 +352,7 @@ const fast = {
 const idBase = fast.realm * 2 ** 40;
 nextOp = nextForeign = nextClock = nextAdapter = idBase + 1;
 
-// What the engine let go of (src/host.rs `Kept`): the facade forgets its side of each.
+// What the engine let go of (src/backends/js.rs `Kept`): the facade forgets its side of each.
 const RELEASED_MAPS = [adapters, clocks, delays, lockers];
 function drainReleased() {
   const pairs = native.takeReleased();
