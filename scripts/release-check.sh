@@ -19,6 +19,9 @@
 #   aarch64-apple-darwin       compiler for the build scripts). Not linked: Zig ships no macOS
 #                              frameworks (Security, SystemConfiguration, CoreFoundation), so the
 #                              addon is built and tested by the release workflow only.
+#                              (By hand, a debug x86_64 link succeeds against stub .tbd frameworks
+#                              with -F<dir> -undefined dynamic_lookup; its undefined symbols are
+#                              then napi_*/node_api_*/uv_* from Node, libSystem and framework ones.)
 # Node 24 for Windows stops at start-up under Wine 8 ("Fatal process out of memory:
 # SegmentedTable::InitializeTable (subspace allocation)": V8's reservation of a virtual-address
 # subspace fails there), so the Wine run uses Node 22, the oldest Node the package supports.
