@@ -53,6 +53,32 @@ describe('RedisAdapter faults', () => {
     assert.equal(await lock.release(), true);
   });
 
+  // LOCCO_REDIS_PORTABLE=1: the driver's own connection on the I/O thread, which is what
+  // platforms without the event-loop link (Windows) get. Known defect, found under Wine: the
+  // first request after the server closed an idle connection fails with "broken pipe", and only
+  // the next one reconnects. Retrying it blindly is unsafe (the driver answers "broken pipe"
+  // for a request in flight too, which the server may have run).
+  it('on the portable connection, the next operation after the server closed the connection succeeds', { todo: 'the first request after an idle close fails with broken pipe' }, async () => {
+    process.env.LOCCO_REDIS_PORTABLE = '1';
+    let adapter;
+    try {
+      adapter = new RedisAdapter({ url: redis.url });
+    } finally {
+      delete process.env.LOCCO_REDIS_PORTABLE;
+    }
+    const locker = new Locker({ adapter, retry: { retries: 0 } });
+    try {
+      await (await locker.acquire('portable:warm', { ttl: 5000 })).release();
+      redis.cli('CLIENT', 'KILL', 'TYPE', 'normal');
+      await sleep(200);
+      const lock = await locker.tryAcquire('portable:after', { ttl: 5000 });
+      assert.ok(lock, 'the key was free');
+      assert.equal(await lock.release(), true);
+    } finally {
+      await adapter.close();
+    }
+  });
+
   it('requests waiting on a stopped server cost no CPU: the busy-poll for an answer is bounded', { skip: ownServer }, async () => {
     const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url, commandTimeout: 10_000 }), retry: { retries: 0 } });
     await (await locker.acquire('spin:warm', { ttl: 5000 })).release();

@@ -120,11 +120,14 @@ pub fn create_redis_adapter(spec: RedisSpec) -> Raw {
                 &[code, crate::js::string(&text)],
             );
         }));
+        // LOCCO_REDIS_PORTABLE=1 keeps the connection every platform has (the driver's, on
+        // the I/O thread), so that the path Windows takes is tested on Linux too.
         #[cfg(unix)]
-        let event_loop = crate::sys::uv_loop::UvLoop::current()
-            .map_err(|e| Error::Internal(format!("the Redis adapter: {e}")))?;
-        #[cfg(unix)]
-        backend.on_event_loop(Rc::new(event_loop));
+        if std::env::var_os("LOCCO_REDIS_PORTABLE").is_none_or(|v| v != "1") {
+            let event_loop = crate::sys::uv_loop::UvLoop::current()
+                .map_err(|e| Error::Internal(format!("the Redis adapter: {e}")))?;
+            backend.on_event_loop(Rc::new(event_loop));
+        }
         Ok(register(Adapter::Redis(Rc::new(LocalWakeups::new(
             backend,
         )))))
