@@ -3,8 +3,9 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
+use std::pin::Pin;
 use std::rc::{Rc, Weak};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 use crate::rt::clock::{Clock, LeaseClock};
 use crate::rt::task::Spawn;
@@ -46,16 +47,51 @@ pub struct Abort(Rc<AbortState>);
 #[derive(Default)]
 struct AbortState {
     aborted: Cell<bool>,
-    wakers: RefCell<Vec<Waker>>,
+    /// The wakers of the waits in progress. A wait takes its slot back when it is dropped,
+    /// so a long-lived abort (a Locker's `closed`, watched by every acquisition that waits)
+    /// holds as many as there are waits, not one for every wait it ever had.
+    wakers: RefCell<WakerSlots>,
     /// Aborts that fire with this one (see [`Abort::follow`]); weak, so that one that is
     /// done with costs a slot until the next pruning, not its state.
     followers: RefCell<Vec<Weak<AbortState>>>,
 }
 
+#[derive(Default)]
+struct WakerSlots {
+    slots: Vec<Option<Waker>>,
+    free: Vec<usize>,
+}
+
+impl WakerSlots {
+    fn insert(&mut self, waker: Waker) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(waker);
+                i
+            }
+            None => {
+                self.slots.push(Some(waker));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, i: usize) {
+        if self.slots.get_mut(i).and_then(Option::take).is_some() {
+            self.free.push(i);
+        }
+    }
+
+    fn take_all(&mut self) -> Vec<Waker> {
+        self.free.clear();
+        self.slots.drain(..).flatten().collect()
+    }
+}
+
 impl AbortState {
     fn abort(&self) {
         if !self.aborted.replace(true) {
-            let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+            let wakers = self.wakers.borrow_mut().take_all();
             wakers.into_iter().for_each(Waker::wake);
             let followers = std::mem::take(&mut *self.followers.borrow_mut());
             for f in followers.iter().filter_map(Weak::upgrade) {
@@ -93,21 +129,55 @@ impl Abort {
         self.0.aborted.get()
     }
 
+    /// Whether `other` is this very abort (a clone of it), not one that merely follows it.
+    pub fn is(&self, other: &Abort) -> bool {
+        Rc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Resolves once [`Abort::abort`] was called.
-    pub fn aborted(&self) -> impl Future<Output = ()> + '_ {
-        // One waker per wait, not one per poll: a wait polled many times (a contended
-        // acquisition) would otherwise grow the list, and the work, at every poll.
-        let mut registered: Option<Waker> = None;
-        std::future::poll_fn(move |cx| {
-            if self.0.aborted.get() {
-                return Poll::Ready(());
+    pub fn aborted(&self) -> Aborted<'_> {
+        Aborted {
+            abort: self,
+            slot: None,
+        }
+    }
+}
+
+/// A wait for an [`Abort`]: one waker slot while it waits (not one per poll: a contended
+/// acquisition is polled many times), given back when it is dropped.
+pub struct Aborted<'a> {
+    abort: &'a Abort,
+    slot: Option<usize>,
+}
+
+impl Future for Aborted<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let state = &this.abort.0;
+        if state.aborted.get() {
+            return Poll::Ready(());
+        }
+        let mut wakers = state.wakers.borrow_mut();
+        match this.slot {
+            Some(i) => {
+                let slot = &mut wakers.slots[i];
+                if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *slot = Some(cx.waker().clone());
+                }
             }
-            if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                self.0.wakers.borrow_mut().push(cx.waker().clone());
-                registered = Some(cx.waker().clone());
-            }
-            Poll::Pending
-        })
+            None => this.slot = Some(wakers.insert(cx.waker().clone())),
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Aborted<'_> {
+    fn drop(&mut self) {
+        if let Some(i) = self.slot {
+            self.abort.0.wakers.borrow_mut().remove(i);
+        }
     }
 }
 
@@ -138,8 +208,39 @@ mod tests {
         for _ in 0..1000 {
             assert!(wait.as_mut().poll(&mut cx).is_pending());
         }
-        assert_eq!(abort.0.wakers.borrow().len(), 1);
+        assert_eq!(waiting(&abort), 1);
         abort.abort();
         assert!(wait.as_mut().poll(&mut cx).is_ready());
+    }
+
+    fn waiting(abort: &Abort) -> usize {
+        abort.0.wakers.borrow().slots.iter().flatten().count()
+    }
+
+    #[test]
+    fn a_wait_that_ends_gives_its_waker_back() {
+        let abort = Abort::new();
+        struct Task;
+        impl std::task::Wake for Task {
+            fn wake(self: std::sync::Arc<Self>) {}
+        }
+        let waker = Waker::from(std::sync::Arc::new(Task));
+        let mut cx = Context::from_waker(&waker);
+        // A long-lived abort watched by many waits in turn keeps one slot, not one per wait.
+        for _ in 0..1000 {
+            let mut wait = pin!(abort.aborted());
+            assert!(wait.as_mut().poll(&mut cx).is_pending());
+        }
+        assert_eq!(waiting(&abort), 0);
+        assert!(abort.0.wakers.borrow().slots.len() <= 1);
+        // Waits still going are woken by the abort, after others came and went.
+        let mut first = Box::pin(abort.aborted());
+        let mut second = Box::pin(abort.aborted());
+        assert!(first.as_mut().poll(&mut cx).is_pending());
+        assert!(second.as_mut().poll(&mut cx).is_pending());
+        drop(first);
+        assert_eq!(waiting(&abort), 1);
+        abort.abort();
+        assert!(second.as_mut().poll(&mut cx).is_ready());
     }
 }

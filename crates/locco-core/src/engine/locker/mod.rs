@@ -177,11 +177,16 @@ impl Locker {
 
     /// What an acquisition watches to stop: the caller's abort, and the Locker's closing.
     fn stop(&self, caller: Option<&Abort>) -> Abort {
+        // Without a caller's abort the Locker's own is the whole answer: no abort of its own
+        // to make, follow and free for every acquisition (its waits give their wakers back).
+        let closed = &self.core.closed;
+        // Also when the caller's is the Locker's own (a stop made by an outer call).
+        let Some(caller) = caller.filter(|c| !c.is(closed)) else {
+            return closed.clone();
+        };
         let stop = Abort::new();
-        stop.follow(&self.core.closed);
-        if let Some(caller) = caller {
-            stop.follow(caller);
-        }
+        stop.follow(closed);
+        stop.follow(caller);
         stop
     }
 
