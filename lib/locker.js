@@ -109,8 +109,8 @@ function retrySpec(field, retry) {
   return { retries, delayMs, delayId: delayFn, timeout: optionalNumber(`${field}.timeout`, retry.timeout) };
 }
 
-/** Warning codes already emitted by this process: each is emitted once. */
-const warned = new Set();
+/** Whether this process has emitted LOCCO_RETRIES_END_FIRST (it is emitted once). */
+let warnedRetriesEndFirst = false;
 
 /**
  * Warns once per process when a retry policy's retries run out long before its timeout: the
@@ -119,9 +119,9 @@ const warned = new Set();
  */
 function warnIfRetriesEndFirst(policy) {
   const { retries, delay, timeout } = policy;
-  if (warned.has('LOCCO_RETRIES_END_FIRST') || timeout === undefined || typeof delay !== 'number') return;
+  if (warnedRetriesEndFirst || timeout === undefined || typeof delay !== 'number') return;
   if (retries === undefined || !Number.isFinite(retries) || retries * delay >= timeout) return;
-  warned.add('LOCCO_RETRIES_END_FIRST');
+  warnedRetriesEndFirst = true;
   process.emitWarning(
     `locco-rs: retry { retries: ${retries}, delay: ${delay} } waits at most about ${retries * delay} ms, so its timeout of ` +
       `${timeout} ms is never reached: the fields of a retry policy merge one by one, and retries left out keep ` +
