@@ -90,7 +90,11 @@ for (const backend of HOLDER_BACKENDS) {
         const order = [];
         const waiters = [];
         for (let i = 0; i < 4; i++) {
-          const l = locker();
+          // Each has tried, and so joined the line, before the next comes: a wait for its first
+          // 'contended' event, not a fixed pause that a slow connection outlasts.
+          let joined;
+          const tried = new Promise((resolve) => (joined = resolve));
+          const l = locker({ onEvent: (e) => e.type === 'contended' && joined() });
           waiters.push(
             l.acquirePermit(k, { limit: 1, ttl: 10_000, retry: { retries: 1000, delay: 20 } }).then(async (p) => {
               order.push(i);
@@ -98,7 +102,8 @@ for (const backend of HOLDER_BACKENDS) {
               await p.release();
             }),
           );
-          await sleep(150); // each has joined the line before the next comes
+          await tried;
+          await sleep(50);
         }
         await holder.release();
         await Promise.all(waiters);
@@ -187,6 +192,31 @@ for (const backend of HOLDER_BACKENDS) {
       assert.equal(p.value.key, `${k}:permit:0`);
       assert.equal(w.value.key, `${k}:write`);
       await Promise.all([p.value.release(), w.value.release()]);
+    });
+
+    it('a full semaphore or a taken read-write lock says what it is in its error, not "held elsewhere"', async () => {
+      const k = key();
+      const l = locker();
+      const permits = [await l.acquirePermit(k, { limit: 2, ttl: 10_000 }), await l.acquirePermit(k, { limit: 2, ttl: 10_000 })];
+      const once = { retries: 0 };
+      // This Locker holds both permits: "elsewhere" would send the reader after someone else.
+      await assert.rejects(l.acquirePermit(k, { limit: 2, ttl: 10_000, retry: once }), (e) => {
+        assert.ok(e instanceof LockHeldError, e);
+        assert.match(e.message, new RegExp(`^all 2 permits of semaphore "${k}" are held: gave up after 1 attempt`));
+        assert.equal(e.key, k);
+        return true;
+      });
+      await Promise.all(permits.map((p) => p.release()));
+      const w = await l.acquireWrite(k, { ttl: 10_000 });
+      await assert.rejects(l.acquireRead(k, { ttl: 10_000, retry: once }), (e) => {
+        assert.match(e.message, new RegExp(`^read-write lock "${k}" has a writer, or all \\d+ readers it admits: gave up after`));
+        return true;
+      });
+      await assert.rejects(l.acquireWrite(k, { ttl: 10_000, retry: once }), (e) => {
+        assert.match(e.message, new RegExp(`^read-write lock "${k}" has readers or a writer: gave up after`));
+        return true;
+      });
+      await w.release();
     });
 
     it('bad counts are refused with the field named', async () => {

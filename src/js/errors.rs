@@ -23,6 +23,7 @@ pub fn error_value_in(realm: u32, err: &Error) -> sys::napi_value {
             elapsed_ms,
             reason,
             holder,
+            ..
         } => {
             set(d, "key", string(key));
             set(d, "attempts", num(*attempts as f64));

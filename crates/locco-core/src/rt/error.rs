@@ -52,6 +52,21 @@ pub enum HeldReason {
     LateAcquire,
 }
 
+/// What an acquisition that gave up wanted, so that its message names it: a full semaphore
+/// is not "held elsewhere" when the caller's own Locker holds its permits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Wanted {
+    /// A plain lock's key.
+    #[default]
+    Key,
+    /// One of `limit` permits of a counting semaphore.
+    Permit { limit: u32 },
+    /// A reader's place in a read-write lock that admits `max_readers`.
+    Read { max_readers: u32 },
+    /// The write of a read-write lock.
+    Write,
+}
+
 impl HeldReason {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -125,12 +140,14 @@ impl fmt::Debug for ForeignError {
 pub enum Error {
     /// The key could not be taken within the retry budget: another holder had it, or the
     /// backend's grant came too late to use (see `reason`).
-    #[error("{}", held_message(key, *attempts, *elapsed_ms, *reason, holder.as_deref()))]
+    #[error("{}", held_message(key, *attempts, *elapsed_ms, *reason, *wanted, holder.as_deref()))]
     Held {
         key: String,
         attempts: u32,
         elapsed_ms: f64,
         reason: HeldReason,
+        /// A plain key, a permit, a read or the write.
+        wanted: Wanted,
         /// The label of the holder that had the key when the acquisition gave up, when it
         /// gave one and the backend could tell (read once, after the last attempt).
         holder: Option<String>,
@@ -180,20 +197,31 @@ fn held_message(
     attempts: u32,
     elapsed_ms: f64,
     reason: HeldReason,
+    wanted: Wanted,
     holder: Option<&str>,
 ) -> String {
-    match (reason, holder) {
-        (HeldReason::Held, Some(holder)) => format!(
-            "lock {key:?} is held by {holder:?}: gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms (held)"
+    let gave_up = format!("gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms");
+    match (reason, wanted, holder) {
+        (HeldReason::Held, Wanted::Permit { limit }, _) => {
+            format!("all {limit} permits of semaphore {key:?} are held: {gave_up} (held)")
+        }
+        (HeldReason::Held, Wanted::Read { max_readers }, _) => format!(
+            "read-write lock {key:?} has a writer, or all {max_readers} readers it admits: {gave_up} (held)"
         ),
-        (HeldReason::Held, None) => format!(
-            "lock {key:?} is held elsewhere: gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms (held)"
-        ),
+        (HeldReason::Held, Wanted::Write, _) => {
+            format!("read-write lock {key:?} has readers or a writer: {gave_up} (held)")
+        }
+        (HeldReason::Held, Wanted::Key, Some(holder)) => {
+            format!("lock {key:?} is held by {holder:?}: {gave_up} (held)")
+        }
+        (HeldReason::Held, Wanted::Key, None) => {
+            format!("lock {key:?} is held elsewhere: {gave_up} (held)")
+        }
         // Nobody else has the key: the grant arrived after its lease could have ended, so it
         // was given back. Saying "held elsewhere" would send the reader after a rival.
-        (late, _) => format!(
+        (late, _, _) => format!(
             "lock {key:?} was not taken: the backend answered too slowly, after the lease could have ended \
-             (the grant was given back); gave up after {attempts} attempt(s) in {elapsed_ms:.0} ms ({})",
+             (the grant was given back); {gave_up} ({})",
             late.as_str()
         ),
     }

@@ -14,7 +14,7 @@ use crate::engine::locker::{Locker, QUEUE_LEASE_MS, QUEUE_RECHECK_MS};
 use crate::engine::options::AcquireOptions;
 use crate::engine::retry::{Delay, DelayInput};
 use crate::rt::clock::lease_end;
-use crate::rt::error::{BackendErrorKind, Error, HeldReason, Result};
+use crate::rt::error::{BackendErrorKind, Error, HeldReason, Result, Wanted};
 use crate::rt::runtime::{aborted, Abort};
 use crate::rt::task::{boxed, first, First};
 use crate::rt::timer::{sleep_until, sleep_until_from};
@@ -378,6 +378,7 @@ impl Locker {
                     attempts: attempt,
                     elapsed_ms: now - start,
                     reason,
+                    wanted: Wanted::Key,
                     holder: None,
                 },
                 None => self.no_answer(key, attempt, now - start),
@@ -749,6 +750,7 @@ impl Locker {
                         attempts: 1,
                         elapsed_ms,
                         reason: HeldReason::LateAcquire,
+                        wanted: Wanted::Key,
                         holder: None,
                     }),
                 }

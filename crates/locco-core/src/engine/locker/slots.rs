@@ -24,7 +24,7 @@ use crate::engine::locker::{Locker, QUEUE_LEASE_MS};
 use crate::engine::options::{validate_key, AcquireOptions};
 use crate::engine::retry::{Delay, DelayInput};
 use crate::rt::clock::lease_end;
-use crate::rt::error::{Error, HeldReason, Result};
+use crate::rt::error::{Error, HeldReason, Result, Wanted};
 use crate::rt::ids::random_token;
 use crate::rt::runtime::{aborted, Abort};
 use crate::rt::task::{first, First};
@@ -65,6 +65,17 @@ impl Slot {
                 field,
                 format!("must be a whole number from 1 to {MAX_HOLDERS}, got {value}"),
             ))
+        }
+    }
+}
+
+impl Slot {
+    /// What an acquisition of this slot wants, as its error names it.
+    fn wanted(self) -> Wanted {
+        match self {
+            Slot::Permit { limit } => Wanted::Permit { limit },
+            Slot::Read { max_readers } => Wanted::Read { max_readers },
+            Slot::Write { .. } => Wanted::Write,
         }
     }
 }
@@ -209,6 +220,7 @@ impl Gate {
                     attempts,
                     elapsed_ms,
                     reason,
+                    wanted: Wanted::Key,
                     holder: None,
                 },
                 other => other,
@@ -359,6 +371,7 @@ impl<'a> Turns<'a> {
             attempts: self.attempt,
             elapsed_ms: now - self.start,
             reason: HeldReason::Held,
+            wanted: Wanted::Key,
             holder: None,
         }
     }
@@ -390,6 +403,21 @@ impl Locker {
                 let _ = lock.release(true).await;
                 Err(Self::closed_error())
             }
+            // Whichever key stood in the way (a slot, the turn, the write key), the caller
+            // wanted the semaphore or the read-write lock: the error names that.
+            Err(Error::Held {
+                attempts,
+                elapsed_ms,
+                reason,
+                ..
+            }) => Err(Error::Held {
+                key,
+                attempts,
+                elapsed_ms,
+                reason,
+                wanted: slot.wanted(),
+                holder: None,
+            }),
             outcome => outcome,
         }
     }
@@ -610,6 +638,7 @@ impl Locker {
                             attempts: 1,
                             elapsed_ms: self.now()? - start,
                             reason: HeldReason::LateAcquire,
+                            wanted: Wanted::Key,
                             holder: None,
                         });
                     }
