@@ -389,8 +389,8 @@ check_binary() {
 }
 
 # Copies the built binaries into npm/<platform> with napi artifacts, checks the packages as the
-# release's prepublishOnly would (napi prepublish --dry-run) and packs each into
-# target/cross/packs. All of it happens in target/cross/tree: napi artifacts also writes every
+# release's prepublishOnly would (napi prepublish --dry-run), packs each into
+# target/cross/packs and runs npm's publish checks on each and on the root. All of it happens in target/cross/tree: napi artifacts also writes every
 # binary beside package.json, which in the work tree would replace a developer's debug build.
 artifacts_and_pack() {
   local dir="$CROSS/artifacts"
@@ -408,8 +408,23 @@ artifacts_and_pack() {
     (cd "$TREE/npm/$p" && npm pack --silent --pack-destination "$CROSS/packs") || return 1
     tar -tzf "$CROSS/packs/locco-rs-$p-"*.tgz | tee /dev/stderr | grep -qx "package/locco-rs.$p.node" ||
       { echo "npm/$p packs without its binary"; return 1; }
+    publish_dry_run "$TREE/npm/$p" || return 1
   done
+  # The root last, as the workflow publishes it; its prepublishOnly (napi prepublish, which
+  # would publish the platform packages for real) ran above in its dry-run form.
+  publish_dry_run "$TREE" --ignore-scripts || return 1
   ls -l "$CROSS/packs"
+}
+
+# `npm publish --dry-run` of the package in $1: npm's own checks of what the workflow publishes
+# (name, version, files), without a login. Extra arguments go to npm.
+publish_dry_run() {
+  local dir="$1" name out
+  shift
+  name="$(cd "$dir" && node -p 'const p = require("./package.json"); `${p.name}@${p.version}`')" || return 1
+  out="$(cd "$dir" && npm publish --dry-run "$@" 2>&1)" || { echo "$out"; return 1; }
+  grep -qxF "+ $name" <<<"$out" || { echo "$out"; echo "npm publish --dry-run did not publish $name"; return 1; }
+  echo "npm publish --dry-run: $name"
 }
 
 # cargo check of the workspace (the addon and locco-core with every backend) for a target that is
