@@ -207,8 +207,8 @@ what run holds):
   --redlock           Redlock: three or more independent Redis servers, one --url each;
                       a lock is granted when a majority grants it (no fencing tokens)
   --cluster           one Redis Cluster: each --url is a seed node
-                      Several URLs take one of the two: they are different locks (a
-                      majority of separate servers, or one server per key), so say which
+                      Several redis URLs need one of the two: they make different locks
+                      (a majority of separate servers, or one server per key), so say which
   --tls-ca <file>     PEM certificate(s) to trust: rediss://, PostgreSQL with
                       ?sslmode=verify-full, etcd over TLS (MongoDB: tlsCAFile in the URL).
                       Client certificates are not supported
