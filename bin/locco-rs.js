@@ -9,6 +9,7 @@ const { constants } = require('node:os');
 const path = require('node:path');
 const { parseArgs } = require('node:util');
 
+const { closest } = require('../lib/options.js');
 const { version } = require('../package.json');
 
 /** Exit codes of the tool itself. A command run under the lock exits with its own. */
@@ -49,6 +50,48 @@ class ExitError extends Error {
 
 const UNITS = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
 
+/**
+ * The shortest --ttl. The library takes 1 ms, but a command's lease is renewed every third of
+ * it over the network: one slow answer or a paused process loses a shorter one at once.
+ */
+const MIN_TTL = 1000;
+
+/**
+ * Flags a user may try that are not ours: [the flag of ours to use instead, what to say]. The
+ * edit distance finds typos, not other words for the same thing.
+ */
+const NO_CLIENT_CERT = 'client certificates are not supported: --tls-ca sets the CA that verifies the server; put the user and password in the URL';
+const FLAG_HINTS = {
+  label: ['holder', 'the label stored with the lock is --holder <label>'],
+  name: ['holder', 'the label stored with the lock is --holder <label>'],
+  'tls-cert': ['tls-ca', NO_CLIENT_CERT],
+  'tls-key': ['tls-ca', NO_CLIENT_CERT],
+  timeout: ['wait', '--wait sets how long to wait for a held key, --ttl the lease'],
+};
+
+/**
+ * parseArgs in strict mode, whose errors are usage errors; an unknown flag is named with the
+ * closest known one ("did you mean --fencing?"), or with FLAG_HINTS.
+ */
+function parseFlags(command, args, options, allowPositionals) {
+  // Not strict first, to find an unknown flag before anything else can go wrong with it.
+  const { tokens } = parseArgs({ args, options, allowPositionals: true, strict: false, tokens: true });
+  for (const t of tokens) {
+    if (t.kind === 'option-terminator') break;
+    if (t.kind !== 'option' || Object.hasOwn(options, t.name)) continue;
+    const guess = t.rawName.startsWith('--') ? closest(t.name, Object.keys(options)) : undefined;
+    const [instead, said] = FLAG_HINTS[t.name] ?? [];
+    let hint = guess === undefined ? `locco-rs ${command} --help lists the options` : `did you mean --${guess}?`;
+    if (instead !== undefined && Object.hasOwn(options, instead)) hint = said;
+    throw new UsageError(`unknown option ${t.rawName} for locco-rs ${command}: ${hint}`);
+  }
+  try {
+    return parseArgs({ args, options, allowPositionals, strict: true, tokens: true });
+  } catch (error) {
+    throw new UsageError(error.message);
+  }
+}
+
 /** '500ms', '30s', '1.5m', '1h' or a plain number of milliseconds, as whole milliseconds. */
 function parseDuration(option, text) {
   const m = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(text);
@@ -82,29 +125,185 @@ function etcdOptions(url) {
   return auth === undefined ? { endpoints } : { endpoints, auth };
 }
 
-/** The backends by URL scheme: a function of the URL that answers a new adapter. */
-const BACKENDS = {
-  redis: (url) => new (require('../entry/redis.js').RedisAdapter)({ url }),
-  rediss: (url) => new (require('../entry/redis.js').RedisAdapter)({ url }),
-  postgres: (url) => new (require('../entry/postgres.js').PostgresAdapter)({ url }),
-  postgresql: (url) => new (require('../entry/postgres.js').PostgresAdapter)({ url }),
-  mongodb: (url) => new (require('../entry/mongo.js').MongoAdapter)({ url }),
-  'mongodb+srv': (url) => new (require('../entry/mongo.js').MongoAdapter)({ url }),
-  etcd: (url) => new (require('../entry/etcd.js').EtcdAdapter)(etcdOptions(url)),
+/** A file's text for a flag that names one: a usage error naming the flag when it cannot be read. */
+function readFlagFile(flag, file) {
+  try {
+    return fs.readFileSync(file, 'utf8');
+  } catch (error) {
+    throw new UsageError(`--${flag} ${JSON.stringify(file)} cannot be read: ${error.code ?? error.message}`);
+  }
+}
+
+/** The backends by URL scheme. */
+const SCHEMES = {
+  redis: 'redis',
+  rediss: 'redis',
+  postgres: 'postgres',
+  postgresql: 'postgres',
+  mongodb: 'mongo',
+  'mongodb+srv': 'mongo',
+  etcd: 'etcd',
 };
 
-function createAdapter(url) {
-  const scheme = /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\//.exec(url)?.[1].toLowerCase();
-  const make = scheme === undefined ? undefined : BACKENDS[scheme];
-  if (make === undefined) {
-    const known = Object.keys(BACKENDS).map((s) => `${s}://`).join(', ');
-    throw new UsageError(`--url must start with one of ${known}${scheme ? `; ${scheme}:// is not one` : ''}`);
+/** The adapter of each kind of backend, from its URLs and the options the flags set. */
+const ADAPTERS = {
+  redis: (urls, o) => new (require('../entry/redis.js').RedisAdapter)({ url: urls[0], ...o }),
+  cluster: (urls, o) => new (require('../entry/redis.js').RedisAdapter)({ urls, cluster: true, ...o }),
+  redlock: (urls, o) => new (require('../entry/redis.js').RedlockAdapter)({ urls, ...o }),
+  postgres: (urls, o) => new (require('../entry/postgres.js').PostgresAdapter)({ url: urls[0], ...o }),
+  mongo: (urls, o) => new (require('../entry/mongo.js').MongoAdapter)({ url: urls[0], ...o }),
+  etcd: (urls, o) => new (require('../entry/etcd.js').EtcdAdapter)({ ...etcdOptions(urls[0]), ...o }),
+};
+
+const REDIS_KINDS = ['redis', 'cluster', 'redlock'];
+
+/**
+ * The flags that choose and set up the backend, the same for every command: inspect, release
+ * and doctor must reach the servers, table or prefix that the holders use. `kinds`: the kinds of
+ * ADAPTERS a flag applies to; `fields`: the adapter options it sets (to name the flag in the
+ * adapter's errors); `set`: puts its value into the adapter's options.
+ */
+const BACKEND_FLAGS = {
+  'tls-ca': {
+    kinds: [...REDIS_KINDS, 'postgres', 'etcd'],
+    elsewhere: { mongo: 'MongoDB takes its CA in the URL: ?tls=true&tlsCAFile=<file>' },
+    fields: ['tls'],
+    set: (o, v) => (o.tls = { ca: readFlagFile('tls-ca', v) }),
+  },
+  'connect-timeout': {
+    kinds: Object.keys(ADAPTERS),
+    fields: ['connectTimeout'],
+    set: (o, v) => (o.connectTimeout = parseDuration('connect-timeout', v)),
+  },
+  'command-timeout': {
+    kinds: [...REDIS_KINDS, 'etcd'],
+    fields: ['commandTimeout', 'requestTimeout'],
+    set: (o, v, kind) => (o[kind === 'etcd' ? 'requestTimeout' : 'commandTimeout'] = parseDuration('command-timeout', v)),
+  },
+  'server-timeout': { kinds: ['redlock'], fields: ['serverTimeout'], set: (o, v) => (o.serverTimeout = parseDuration('server-timeout', v)) },
+  'pg-mode': { kinds: ['postgres'], fields: ['mode'], set: (o, v) => (o.mode = v) },
+  'pg-keys': { kinds: ['postgres'], fields: ['keys'], set: (o, v) => (o.keys = v) },
+  'pg-table': { kinds: ['postgres'], fields: ['tableName'], set: (o, v) => (o.tableName = v) },
+  'mongo-db': { kinds: ['mongo'], fields: ['dbName'], set: (o, v) => (o.dbName = v) },
+  'mongo-collection': { kinds: ['mongo'], fields: ['collectionName'], set: (o, v) => (o.collectionName = v) },
+  'etcd-prefix': { kinds: ['etcd'], fields: ['prefix'], set: (o, v) => (o.prefix = v) },
+};
+
+/** parseArgs's declaration of the backend flags, for each command's options. */
+const BACKEND_OPTIONS = {
+  url: { type: 'string', multiple: true },
+  redlock: { type: 'boolean', default: false },
+  cluster: { type: 'boolean', default: false },
+  ...Object.fromEntries(Object.keys(BACKEND_FLAGS).map((flag) => [flag, { type: 'string' }])),
+};
+
+const BACKEND_HELP = `Backend options (the same for every command, so that inspect and release see
+what run holds):
+  --url <url>         the backend (or set LOCCO_URL, which keeps a password out of the
+                      process list): redis://, rediss://, postgres://, postgresql://,
+                      mongodb://, mongodb+srv://, or etcd://host:port[,host:port…].
+                      Give it once per server with --redlock or --cluster (LOCCO_URL:
+                      the URLs separated by spaces)
+  --redlock           Redlock: three or more independent Redis servers, one --url each;
+                      a lock is granted when a majority grants it (no fencing tokens)
+  --cluster           one Redis Cluster: each --url is a seed node
+                      Several redis URLs need one of the two: they make different locks
+                      (a majority of separate servers, or one server per key), so say which
+  --tls-ca <file>     PEM certificate(s) to trust: rediss://, PostgreSQL with
+                      ?sslmode=verify-full, etcd over TLS (MongoDB: tlsCAFile in the URL).
+                      Client certificates are not supported
+  --connect-timeout <duration>
+                      time to establish a connection (default 5s)
+  --command-timeout <duration>
+                      Redis and Redlock: time to wait for one answer; etcd: for one
+                      request (default 5s)
+  --server-timeout <duration>
+                      Redlock: time to wait for any one server (default 250ms)
+  --pg-mode <table|advisory>
+                      PostgreSQL: rows of a lock table (default), or session advisory
+                      locks (pg_try_advisory_lock), the mode the application uses
+  --pg-keys <hash|integer>
+                      PostgreSQL advisory mode: a key is hashed (default), or is the
+                      64-bit number itself, as pg_advisory_lock(12345) takes it
+  --pg-table <name>   PostgreSQL: the lock table (default locco_locks); advisory mode
+                      hashes keys under this name
+  --mongo-db <name>   MongoDB: the database (default: the URL's, else locco)
+  --mongo-collection <name>
+                      MongoDB: the lock collection (default locco-locks)
+  --etcd-prefix <prefix>
+                      etcd: put before every key (default locco/)`;
+
+const KIND_NAMES = {
+  redis: 'a redis:// URL',
+  cluster: '--cluster',
+  redlock: '--redlock',
+  postgres: 'a postgres:// URL',
+  mongo: 'a mongodb:// URL',
+  etcd: 'an etcd:// URL',
+};
+
+/** The backend's URLs: the --url flags, else LOCCO_URL's space-separated URLs. */
+function backendUrls(values, command) {
+  const urls = values.url ?? (process.env.LOCCO_URL ?? '').split(/\s+/).filter((u) => u !== '');
+  if (urls.length === 0 || urls.includes('')) {
+    throw new UsageError(`--url is required (or set LOCCO_URL): locco-rs ${command} --url <backend-url> …`);
+  }
+  return urls;
+}
+
+/** Which of ADAPTERS the URLs and --redlock / --cluster ask for. */
+function backendKind(urls, values) {
+  const schemes = urls.map((url) => /^([a-zA-Z][a-zA-Z0-9+.-]*):\/\//.exec(url)?.[1].toLowerCase());
+  const unknown = schemes.findIndex((s) => s === undefined || !Object.hasOwn(SCHEMES, s));
+  if (unknown >= 0) {
+    const known = Object.keys(SCHEMES).map((s) => `${s}://`).join(', ');
+    throw new UsageError(`--url must start with one of ${known}${schemes[unknown] ? `; ${schemes[unknown]}:// is not one` : ''}`);
+  }
+  const backends = new Set(schemes.map((s) => SCHEMES[s]));
+  if (backends.size > 1) throw new UsageError(`the --url flags name different backends (${[...backends].join(', ')}): give the servers of one`);
+  const [backend] = backends;
+  if (backend !== 'redis') {
+    const redisFlag = ['redlock', 'cluster'].find((f) => values[f]);
+    if (redisFlag) throw new UsageError(`--${redisFlag} applies to redis:// URLs, not ${schemes[0]}://`);
+    if (urls.length > 1) throw new UsageError(`give one --url for ${schemes[0]}://; list several hosts inside it (host1:port,host2:port)`);
+    return backend;
+  }
+  if (values.redlock && values.cluster) throw new UsageError('give --redlock or --cluster, not both');
+  if (values.redlock) return 'redlock';
+  if (values.cluster) return 'cluster';
+  if (urls.length > 1) {
+    throw new UsageError(
+      `${urls.length} redis URLs: add --redlock (independent servers, a majority grants a lock) or --cluster (seed nodes of one Redis Cluster)`,
+    );
+  }
+  return 'redis';
+}
+
+/** The flag that sets the adapter option `field` ('tls.ca', 'urls[1]'), for an error's message. */
+function flagOf(field) {
+  const root = String(field ?? '').split(/[.[]/)[0];
+  const entry = Object.entries(BACKEND_FLAGS).find(([, f]) => f.fields.includes(root));
+  return entry === undefined ? '--url' : `--${entry[0]}`;
+}
+
+/** The adapter that the backend flags of `values` name; usage errors before any connection. */
+function createAdapter(values) {
+  const urls = backendUrls(values, 'run');
+  const kind = backendKind(urls, values);
+  const options = {};
+  for (const [flag, { kinds, elsewhere, set }] of Object.entries(BACKEND_FLAGS)) {
+    if (values[flag] === undefined) continue;
+    if (!kinds.includes(kind)) {
+      const note = elsewhere?.[kind] === undefined ? '' : ` (${elsewhere[kind]})`;
+      throw new UsageError(`--${flag} applies to ${kinds.map((k) => KIND_NAMES[k]).join(', ')}; not to ${KIND_NAMES[kind]}${note}`);
+    }
+    set(options, values[flag], kind);
   }
   try {
-    return make(url);
+    return ADAPTERS[kind](urls, options);
   } catch (error) {
-    // The adapters' messages name the part of the URL at fault and never repeat a password.
-    if (error && error.code === 'LOCK_VALIDATION') throw new UsageError(`--url: ${error.message}`);
+    // The adapters' messages name the option at fault and never repeat a password.
+    if (error && error.code === 'LOCK_VALIDATION') throw new UsageError(`${flagOf(error.field)}: ${error.message}`);
     throw error;
   }
 }
@@ -124,11 +323,9 @@ Takes the lock <key>, runs the command while holding it (the lease is extended i
 background), and releases the lock when the command exits.
 
 Options:
-  --url <url>         the backend (or set LOCCO_URL, which keeps a password out of the
-                      process list): redis://, rediss://, postgres://, postgresql://,
-                      mongodb://, mongodb+srv://, or etcd://host:port[,host:port…]
   --key <key>         the lock's key
-  --ttl <duration>    lease length, extended while the command runs (default 30s)
+  --ttl <duration>    lease length, extended every third of it while the command runs
+                      (default 30s; at least 1s)
   --wait <duration>   how long to wait for a held key; 0 makes one attempt (default 0)
   --fencing           take a fencing token and pass it to the command as LOCCO_FENCE
   --grace <duration>  when the lock is lost, time between SIGTERM and SIGKILL (default 5s)
@@ -138,6 +335,8 @@ Options:
   --holder <label>    stored with the lock, shown by locco-rs inspect and in a rival's
                       "held by" message (default: <hostname>:<pid>)
   -h, --help          this text
+
+${BACKEND_HELP}
 
 Durations: 500ms, 30s, 1.5m, 1h, or a plain number of milliseconds.
 
@@ -162,7 +361,7 @@ Example:
   locco-rs run --url redis://127.0.0.1:6379 --key nightly-report --ttl 30s -- node report.js`;
 
 const RUN_OPTIONS = {
-  url: { type: 'string' },
+  ...BACKEND_OPTIONS,
   key: { type: 'string' },
   ttl: { type: 'string', default: '30s' },
   wait: { type: 'string', default: '0' },
@@ -175,13 +374,7 @@ const RUN_OPTIONS = {
 
 /** Splits `run`'s arguments into checked settings and the command after `--`. */
 function parseRun(args) {
-  let parsed;
-  try {
-    parsed = parseArgs({ args, options: RUN_OPTIONS, allowPositionals: true, strict: true, tokens: true });
-  } catch (error) {
-    throw new UsageError(error.message);
-  }
-  const { values, tokens } = parsed;
+  const { values, tokens } = parseFlags('run', args, RUN_OPTIONS, true);
   if (values.help) return { help: true };
   const terminator = tokens.find((t) => t.kind === 'option-terminator');
   const early = tokens.find((t) => t.kind === 'positional' && (terminator === undefined || t.index < terminator.index));
@@ -191,15 +384,18 @@ function parseRun(args) {
   const command = terminator === undefined ? [] : args.slice(terminator.index + 1);
   if (command.length === 0) throw new UsageError('no command: put it after --, as in locco-rs run --url … --key … -- <command>');
   if (command[0] === '') throw new UsageError('the command after -- is an empty string');
-  const url = values.url ?? process.env.LOCCO_URL;
-  if (url === undefined || url === '') throw new UsageError('--url is required (or set LOCCO_URL)');
+  backendUrls(values, 'run');
   if (values.key === undefined || values.key === '') throw new UsageError('--key is required');
   const ttl = parseDuration('ttl', values.ttl);
-  if (ttl < 1) throw new UsageError('--ttl must be at least 1ms');
+  if (ttl < MIN_TTL) {
+    throw new UsageError(
+      `--ttl must be at least ${formatDuration(MIN_TTL)}, got ${formatDuration(ttl)}: the lease is extended every third of it, and a shorter one is lost to one slow answer or a pause of this process`,
+    );
+  }
   const maxHold = values['max-hold'] === undefined ? Number.MAX_SAFE_INTEGER : parseDuration('max-hold', values['max-hold']);
   if (maxHold < 1) throw new UsageError('--max-hold must be at least 1ms');
   return {
-    url,
+    backend: values,
     key: values.key,
     ttl,
     wait: parseDuration('wait', values.wait),
@@ -361,7 +557,7 @@ async function run(args) {
     process.stdout.write(`${RUN_USAGE}\n`);
     return 0;
   }
-  const adapter = createAdapter(settings.url);
+  const adapter = createAdapter(settings.backend);
   const { Locker } = require('../index.js');
   const locker = new Locker({ adapter, fencing: settings.fencing });
   // A signal while waiting for the key ends the wait, as it would have ended the command.
@@ -416,12 +612,13 @@ indexes on MongoDB, the cluster on etcd, and the holder's clock rate against the
 and prints each finding with why it matters and how to fix it. Writes nothing.
 
 Options:
-  --url <url>              the backend, as for run (or set LOCCO_URL)
   --json                   print { findings, counts } as JSON instead of text
   --clock-sample <duration>
                            how long to compare this machine's clock with the server's
                            (default 3s; 0 skips the clock check)
   -h, --help               this text
+
+${BACKEND_HELP}
 
 Exit codes: 0 no unsafe finding (warnings and info allowed), 6 an unsafe finding,
 5 the backend failed or could not be reached, 2 a usage error.
@@ -430,27 +627,21 @@ Example:
   locco-rs doctor --url redis://127.0.0.1:6379`;
 
 const DOCTOR_OPTIONS = {
-  url: { type: 'string' },
+  ...BACKEND_OPTIONS,
   json: { type: 'boolean', default: false },
   'clock-sample': { type: 'string', default: '3s' },
   help: { type: 'boolean', short: 'h', default: false },
 };
 
 async function doctor(args) {
-  let values;
-  try {
-    ({ values } = parseArgs({ args, options: DOCTOR_OPTIONS, allowPositionals: false, strict: true }));
-  } catch (error) {
-    throw new UsageError(error.message);
-  }
+  const { values } = parseFlags('doctor', args, DOCTOR_OPTIONS, false);
   if (values.help) {
     process.stdout.write(`${DOCTOR_USAGE}\n`);
     return 0;
   }
-  const url = values.url ?? process.env.LOCCO_URL;
-  if (url === undefined || url === '') throw new UsageError('--url is required (or set LOCCO_URL)');
+  backendUrls(values, 'doctor');
   const clockSampleMs = parseDuration('clock-sample', values['clock-sample']);
-  const adapter = createAdapter(url);
+  const adapter = createAdapter(values);
   const { countFindings, formatFindings } = require('../lib/doctor.js');
   try {
     const findings = await adapter.checkSafety({ clockSampleMs });
@@ -467,8 +658,6 @@ async function doctor(args) {
 
 // ---- inspect and release: operator commands over the held keys ----
 
-const URL_OPTION_HELP = `  --url <url>         the backend (or set LOCCO_URL), as for locco-rs run`;
-
 const INSPECT_USAGE = `Usage: locco-rs inspect --url <backend-url> [--key <key> | --prefix <prefix>] [options]
 
 Shows the held locks: each key with the time its lease has left, its last fencing token
@@ -476,13 +665,14 @@ Shows the held locks: each key with the time its lease has left, its last fencin
 locco-rs run's --holder). Never a lock's token.
 
 Options:
-${URL_OPTION_HELP}
   --key <key>         show this key only, held or free
   --prefix <prefix>   show the held keys that start with <prefix> (default: all)
   --limit <n>         show at most <n> keys (default 100)
   --json              print JSON: an array of { key, held, ttlLeft?, fence?, holder? }
                       (ttlLeft in ms), or one such object with --key
   -h, --help          this text
+
+${BACKEND_HELP}
 
 Times left are shown as durations (850ms, 12.5s, 3m); "-" when the backend cannot tell
 (etcd knows a lease's time left only in the process that holds it).
@@ -496,7 +686,7 @@ Example:
   locco-rs inspect --url redis://127.0.0.1:6379 --prefix jobs:`;
 
 const INSPECT_OPTIONS = {
-  url: { type: 'string' },
+  ...BACKEND_OPTIONS,
   key: { type: 'string' },
   prefix: { type: 'string', default: '' },
   limit: { type: 'string', default: '100' },
@@ -515,10 +705,11 @@ resource, keep the late writes of a holder that lost its lock out.
 Without --force nothing is released: locco-rs says what it would remove and exits with 2.
 
 Options:
-${URL_OPTION_HELP}
   --key <key>         the lock's key
   --force             really release it
   -h, --help          this text
+
+${BACKEND_HELP}
 
 Exit codes:
   0     released: a live lease was removed
@@ -530,7 +721,7 @@ Example:
   locco-rs release --url redis://127.0.0.1:6379 --key nightly-report --force`;
 
 const RELEASE_OPTIONS = {
-  url: { type: 'string' },
+  ...BACKEND_OPTIONS,
   key: { type: 'string' },
   force: { type: 'boolean', default: false },
   help: { type: 'boolean', short: 'h', default: false },
@@ -538,17 +729,11 @@ const RELEASE_OPTIONS = {
 
 /** Options without positionals; `--url` (or LOCCO_URL) required. */
 function parseOperator(args, options, command) {
-  let values;
-  try {
-    ({ values } = parseArgs({ args, options, allowPositionals: false, strict: true }));
-  } catch (error) {
-    throw new UsageError(error.message);
-  }
+  const { values } = parseFlags(command, args, options, false);
   if (values.help) return values;
-  const url = values.url ?? process.env.LOCCO_URL;
-  if (url === undefined || url === '') throw new UsageError(`--url is required (or set LOCCO_URL): locco-rs ${command} --url <backend-url> …`);
+  backendUrls(values, command);
   if (values.key === '') throw new UsageError('--key must not be empty');
-  return { ...values, url };
+  return values;
 }
 
 /** Milliseconds as the shortest duration run's options accept back (850ms, 12.5s, 3m). */
@@ -562,8 +747,8 @@ function formatDuration(ms) {
 }
 
 /** Runs `work(locker)` over a Locker on `url`, closing both afterwards. */
-async function withLocker(url, work) {
-  const adapter = createAdapter(url);
+async function withLocker(values, work) {
+  const adapter = createAdapter(values);
   const { Locker } = require('../index.js');
   const locker = new Locker({ adapter });
   try {
@@ -591,7 +776,7 @@ async function inspectCommand(args) {
   }
   if (!/^[1-9]\d*$/.test(o.limit)) throw new UsageError(`--limit ${JSON.stringify(o.limit)} is not a whole number >= 1`);
   if (o.key !== undefined && o.prefix !== '') throw new UsageError('give --key or --prefix, not both');
-  const out = await withLocker(o.url, async (locker) => {
+  const out = await withLocker(o, async (locker) => {
     if (o.key !== undefined) return { key: o.key, ...(await locker.inspect(o.key)) };
     return locker.list({ prefix: o.prefix, limit: Number(o.limit) });
   });
@@ -612,7 +797,7 @@ async function releaseCommand(args) {
   }
   if (o.key === undefined) throw new UsageError('--key is required');
   const key = JSON.stringify(o.key);
-  return withLocker(o.url, async (locker) => {
+  return withLocker(o, async (locker) => {
     const before = await locker.inspect(o.key);
     const whose = before.holder === undefined ? '' : ` held by ${JSON.stringify(before.holder)}`;
     const left = before.ttlLeft === undefined ? '' : `, ${formatDuration(before.ttlLeft)} left`;
@@ -670,7 +855,11 @@ async function main(argv) {
     return 0;
   }
   const command = Object.hasOwn(COMMANDS, name) ? COMMANDS[name] : undefined;
-  if (command === undefined) throw new UsageError(`unknown command ${JSON.stringify(name)}; the commands are: ${Object.keys(COMMANDS).join(', ')}`);
+  if (command === undefined) {
+    const guess = closest(name.replace(/^-+/, ''), [...Object.keys(COMMANDS), 'help', 'version']);
+    const hint = guess === undefined ? '' : ` did you mean ${['help', 'version'].includes(guess) ? `--${guess}` : guess}?`;
+    throw new UsageError(`unknown command ${JSON.stringify(name)};${hint} the commands are: ${Object.keys(COMMANDS).join(', ')}`);
+  }
   return command.main(rest);
 }
 

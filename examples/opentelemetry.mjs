@@ -1,91 +1,44 @@
-// A Locker's events as OpenTelemetry metrics: how long callers wait for a lock, how long they
-// hold it, how many leases are lost and why, and how often the backend failed under a held lock.
-// locco-rs does not depend on OpenTelemetry. When your application has `@opentelemetry/api`
-// installed (and registers an SDK that exports), the metrics go to its global meter; when it is
-// not installed, a small meter of the same shape prints the measurements instead.
+// A Locker's events as OpenTelemetry metrics through locco-rs/otel: how long callers wait for a
+// lock, how long they hold it, how many leases are lost and why, and how often the backend failed
+// under a held lock. `lockMetrics()` records on the global meter of `@opentelemetry/api` (an
+// optional peer dependency: install it beside locco-rs), which the SDK your application registers
+// exports. Here a provider that prints what it is given stands in for that SDK.
 // Run: node examples/opentelemetry.mjs
+import { metrics } from '@opentelemetry/api';
 import { Locker } from 'locco-rs';
+import { lockMetrics } from 'locco-rs/otel';
 
-/**
- * An onEvent handler that records the Locker's events on `meter` (an OpenTelemetry Meter, or
- * anything with createCounter(name, options).add(n, attributes) and
- * createHistogram(name, options).record(value, attributes)).
- *
- * Keys such as `order:42` have too many distinct values to be a metric attribute, so `group`
- * maps a key to a few: by default the part before the first ':'.
- */
-export function lockMetrics(meter, { group = (key) => key.split(':')[0] } = {}) {
-  const acquired = meter.createCounter('locco.lock.acquired', { description: 'Locks granted' });
-  const contended = meter.createCounter('locco.lock.contended', { description: 'Attempts refused because the key was held' });
-  const wait = meter.createHistogram('locco.lock.wait', { unit: 'ms', description: 'Time from the first attempt to the grant' });
-  const hold = meter.createHistogram('locco.lock.hold', { unit: 'ms', description: 'Time a lock was held, until release or loss' });
-  const lost = meter.createCounter('locco.lock.lost', { description: 'Leases lost while held, by reason' });
-  const failed = meter.createCounter('locco.backend.errors', { description: 'Extensions or releases the backend failed' });
-  return (event) => {
-    const attributes = { 'locco.key.group': group(event.key) };
-    switch (event.type) {
-      case 'acquired':
-        acquired.add(1, attributes);
-        wait.record(event.waitedMs, attributes);
-        break;
-      case 'contended':
-        contended.add(1, attributes);
-        break;
-      case 'released':
-        hold.record(event.heldMs, { ...attributes, 'locco.outcome': 'released' });
-        break;
-      case 'lost':
-        hold.record(event.heldMs, { ...attributes, 'locco.outcome': 'lost' });
-        lost.add(1, { ...attributes, 'locco.lost.reason': event.reason });
-        break;
-      case 'extendFailed':
-        failed.add(1, { ...attributes, 'locco.operation': 'extend' });
-        break;
-      case 'releaseFailed':
-        failed.add(1, { ...attributes, 'locco.operation': 'release' });
-        break;
-      default:
-        break; // 'extended': a heartbeat that worked, not worth a metric here
-    }
-  };
-}
-
-/** The same shape as an OpenTelemetry Meter; keeps every measurement and prints a summary. */
-function printingMeter() {
+/** A MeterProvider that keeps every measurement and prints a summary; an SDK would export them. */
+function printingMeterProvider() {
   const series = new Map();
-  const instrument = (name) => (value, attributes = {}) => {
-    const labels = Object.entries(attributes)
-      .map(([k, v]) => `${k}=${v}`)
-      .join(',');
-    const id = `${name}{${labels}}`;
-    if (!series.has(id)) series.set(id, []);
-    series.get(id).push(value);
+  const units = new Map();
+  const instrument = (name, options) => {
+    units.set(name, options?.unit);
+    return (value, attributes = {}) => {
+      const labels = Object.entries(attributes)
+        .map(([k, v]) => `${k}=${v}`)
+        .join(',');
+      const id = `${name}{${labels}}`;
+      if (!series.has(id)) series.set(id, { name, values: [] });
+      series.get(id).values.push(value);
+    };
+  };
+  const meter = {
+    createCounter: (name, options) => ({ add: instrument(name, options) }),
+    createHistogram: (name, options) => ({ record: instrument(name, options) }),
   };
   return {
-    createCounter: (name) => ({ add: instrument(name) }),
-    createHistogram: (name) => ({ record: instrument(name) }),
+    getMeter: () => meter,
     print() {
-      for (const [id, values] of [...series].sort(([a], [b]) => a.localeCompare(b))) {
-        const total = values.reduce((a, b) => a + b, 0);
-        const shown = id.startsWith('locco.lock.wait') || id.startsWith('locco.lock.hold')
-          ? `${values.length} values, max ${Math.round(Math.max(...values))} ms`
-          : String(total);
+      for (const [id, { name, values }] of [...series].sort(([a], [b]) => a.localeCompare(b))) {
+        const shown =
+          units.get(name) === 's'
+            ? `${values.length} values, max ${Math.max(...values).toFixed(3)} s`
+            : String(values.reduce((a, b) => a + b, 0));
         console.log(`  ${id} ${shown}`);
       }
     },
   };
-}
-
-/** OpenTelemetry's global meter if the package is installed, else the printing meter. */
-async function chooseMeter() {
-  try {
-    const { metrics } = await import('@opentelemetry/api');
-    return { meter: metrics.getMeter('locco-rs'), name: '@opentelemetry/api (exported by the SDK your app registers)' };
-  } catch (error) {
-    if (error?.code !== 'ERR_MODULE_NOT_FOUND') throw error;
-    const meter = printingMeter();
-    return { meter, name: 'a printing meter (@opentelemetry/api is not installed)', print: () => meter.print() };
-  }
 }
 
 /**
@@ -123,10 +76,11 @@ function flakyAdapter() {
   return adapter;
 }
 
-const { meter, name, print } = await chooseMeter();
-console.log(`metrics go to ${name}`);
+const provider = printingMeterProvider();
+metrics.setGlobalMeterProvider(provider);
+console.log('metrics go to @opentelemetry/api (a printing provider stands in for the SDK)');
 const adapter = flakyAdapter();
-const locker = new Locker({ adapter, onEvent: lockMetrics(meter) });
+const locker = new Locker({ adapter, onEvent: lockMetrics() });
 
 // A wait: the second caller gets the key when the first lets go, 200 ms later.
 const first = await locker.acquire('report:daily', { ttl: 5_000 });
@@ -155,7 +109,5 @@ await daily.release().catch((error) => console.log(`release failed: ${error.mess
 console.log(`released on the second try: ${await daily.release()}`);
 
 await locker.close();
-if (print) {
-  console.log('measurements:');
-  print();
-}
+console.log('measurements:');
+provider.print();

@@ -7,7 +7,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { freePort, startEtcd, startMongo, startPostgres, startRedis, testProxy } from '../support/servers.mjs';
+import { freePort, makeTestCertificates, startEtcd, startMongo, startPostgres, startRedis, startRedisCluster, testProxy } from '../support/servers.mjs';
 
 const root = new URL('../..', import.meta.url).pathname;
 const bin = join(root, 'bin', 'locco-rs.js');
@@ -117,6 +117,16 @@ describe('usage', () => {
     for (const option of ['--url', '--key', '--ttl', '--wait', '--fencing', '--grace']) assert.ok(run.stdout.includes(option), option);
   });
 
+  it('every command\'s --help lists the backend options', async () => {
+    const backend = ['--url', '--redlock', '--cluster', '--tls-ca', '--connect-timeout', '--command-timeout', '--server-timeout'];
+    backend.push('--pg-mode', '--pg-keys', '--pg-table', '--mongo-db', '--mongo-collection', '--etcd-prefix');
+    for (const command of ['run', 'inspect', 'release', 'doctor']) {
+      const r = await cli([command, '--help']);
+      assert.equal(r.code, 0, shown(r));
+      for (const option of backend) assert.match(r.stdout, new RegExp(`^  ${option} `, 'm'), `${command} --help: ${option}`);
+    }
+  });
+
   it('--version prints the package version', async () => {
     const { version } = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
     const r = await cli(['--version']);
@@ -137,7 +147,23 @@ describe('usage', () => {
     [['run', '--url', url, '--key', 'k', '--ttl', '10x', '--', node], /--ttl "10x" is not a duration/],
     [['run', '--url', url, '--key', 'k', '--wait', '-1', '--', node], /--wait/],
     [['run', '--url', url, '--key', 'k', '--grace', '1.0001ms', '--', node], /--grace "1.0001ms" is not a duration/],
-    [['run', '--url', url, '--key', 'k', '--ttl', '0', '--', node], /--ttl must be at least 1ms/],
+    [['run', '--url', url, '--key', 'k', '--ttl', '0', '--', node], /--ttl must be at least 1s/],
+    [['run', '--url', url, '--key', 'k', '--ttl', '1', '--', node], /--ttl must be at least 1s, got 1ms/],
+    [['run', '--url', url, '--key', 'k', '--fencng', '--', node], /unknown option --fencng for locco-rs run: did you mean --fencing\?/],
+    [['inspect', '--url', url, '--prefx', 'jobs:'], /unknown option --prefx for locco-rs inspect: did you mean --prefix\?/],
+    [['release', '--url', url, '--key', 'k', '--forse'], /did you mean --force\?/],
+    [['run', '--url', url, '--key', 'k', '--label', 'cron', '--', node], /--holder <label>/],
+    [['run', '--url', url, '--key', 'k', '--tls-cert', 'c.pem', '--', node], /client certificates are not supported/],
+    [['rn', '--url', url], /unknown command "rn"; did you mean run\?/],
+    [['run', '--url', url, '--url', 'redis://127.0.0.1:10', '--key', 'k', '--', node], /2 redis URLs: add --redlock .* or --cluster/],
+    [['run', '--url', url, '--redlock', '--key', 'k', '--', node], /--url: .*Redlock needs at least 3/],
+    [['run', '--url', url, '--redlock', '--cluster', '--key', 'k', '--', node], /--redlock or --cluster, not both/],
+    [['run', '--url', url, '--pg-mode', 'advisory', '--key', 'k', '--', node], /--pg-mode applies to a postgres:\/\/ URL; not to a redis:\/\/ URL/],
+    [['run', '--url', 'postgres://u:p@127.0.0.1:9/db', '--pg-mode', 'advisry', '--key', 'k', '--', node], /--pg-mode: .*'table' or 'advisory'/],
+    [['run', '--url', 'postgres://u:p@127.0.0.1:9/db', '--redlock', '--key', 'k', '--', node], /--redlock applies to redis:\/\/ URLs/],
+    [['run', '--url', 'mongodb://127.0.0.1:9', '--tls-ca', 'ca.pem', '--key', 'k', '--', node], /tlsCAFile/],
+    [['run', '--url', 'rediss://127.0.0.1:9', '--tls-ca', '/nonexistent/ca.pem', '--key', 'k', '--', node], /--tls-ca "\/nonexistent\/ca.pem" cannot be read/],
+    [['run', '--url', url, '--key', 'k', '--connect-timeout', 'soon', '--', node], /--connect-timeout "soon" is not a duration/],
     [['run', '--url', 'ftp://127.0.0.1', '--key', 'k', '--', node], /--url must start with one of redis:\/\/.*ftp:\/\/ is not one/],
     [['run', '--url', 'redis://127.0.0.1:99999', '--key', 'k', '--', node], /--url: .*port/],
     [['run', '--url', 'etcd://', '--key', 'k', '--', node], /etcd URL names no host/],
@@ -512,6 +538,170 @@ describe('run against PostgreSQL', () => {
   it('the URL can come from LOCCO_URL instead of --url', async () => {
     const r = await cli(['run', '--key', newKey('env'), '--', node, '-e', 'process.exit(3 + 8)'], { env: { LOCCO_URL: pg.url } });
     assert.equal(r.code, 11, shown(r));
+  });
+});
+
+/** Polls `check` every 50 ms until it is true; throws `what` after `ms`. */
+async function until(check, what, ms = 15_000) {
+  const end = Date.now() + ms;
+  while (!check()) {
+    if (Date.now() > end) throw new Error(`${what} did not happen within ${ms} ms`);
+    await sleep(50);
+  }
+}
+
+describe('run over Redlock', () => {
+  let servers;
+  before(async () => {
+    servers = await Promise.all([startRedis(), startRedis(), startRedis()]);
+  });
+  after(() => Promise.all((servers ?? []).map((s) => s.dispose())));
+  const backend = () => ['--redlock', ...servers.flatMap((s) => ['--url', s.url])];
+
+  it('holds the key on the three servers for the command, refuses a second holder (exit 3), and inspect shows its holder', async () => {
+    const key = newKey('redlock');
+    const ready = join(dir, `${key}.ready`);
+    const stop = join(dir, `${key}.stop`);
+    const first = start(['run', ...backend(), '--key', key, '--holder', 'redlock job', '--', node, holder, ready, stop, '30000', '0']);
+    try {
+      await waitForFile(ready);
+      assert.deepEqual(servers.map((s) => s.cli('EXISTS', key)), ['1', '1', '1'], first.sofar());
+      const second = await cli(['run', ...backend(), '--key', key, '--', node, '-e', '']);
+      assert.equal(second.code, 3, shown(second));
+      assert.ok(second.stderr.includes(JSON.stringify(key)), shown(second));
+      const inspected = await cli(['inspect', ...backend(), '--key', key, '--json']);
+      assert.equal(inspected.code, 0, shown(inspected));
+      const info = JSON.parse(inspected.stdout);
+      assert.equal(info.held, true, shown(inspected));
+      assert.equal(info.holder, 'redlock job', shown(inspected));
+    } finally {
+      writeFileSync(stop, '');
+    }
+    const r = await first.done;
+    assert.equal(r.code, 0, shown(r));
+    assert.deepEqual(servers.map((s) => s.cli('EXISTS', key)), ['0', '0', '0']);
+  });
+
+  it('LOCCO_URL may hold the servers separated by spaces; --fencing is a usage error, as Redlock has no fencing tokens', async () => {
+    const env = { LOCCO_URL: servers.map((s) => s.url).join(' ') };
+    const r = await cli(['run', '--redlock', '--key', newKey('redlock-env'), '--', node, '-e', 'process.exit(7)'], { env });
+    assert.equal(r.code, 7, shown(r));
+    const fenced = await cli(['run', ...backend(), '--fencing', '--key', newKey('redlock-fence'), '--', node, '-e', '']);
+    assert.equal(fenced.code, 2, shown(fenced));
+    assert.match(fenced.stderr, /fencing/, shown(fenced));
+  });
+});
+
+describe('run on a Redis Cluster', () => {
+  let cluster;
+  before(async () => {
+    cluster = await startRedisCluster({ size: 3 });
+  });
+  after(() => cluster?.dispose());
+
+  it('--cluster with one seed node: holds the key for the command, refuses a second holder (exit 3), and inspect finds it', async () => {
+    const key = newKey('cluster');
+    const ready = join(dir, `${key}.ready`);
+    const stop = join(dir, `${key}.stop`);
+    const backend = ['--cluster', '--url', cluster.urls[0]];
+    const first = start(['run', ...backend, '--key', key, '--holder', 'cluster job', '--', node, holder, ready, stop, '30000', '0']);
+    try {
+      await waitForFile(ready);
+      const second = await cli(['run', ...backend, '--key', key, '--', node, '-e', '']);
+      assert.equal(second.code, 3, shown(second));
+      const info = JSON.parse((await cli(['inspect', ...backend, '--key', key, '--json'])).stdout);
+      assert.equal(info.held, true);
+      assert.equal(info.holder, 'cluster job');
+    } finally {
+      writeFileSync(stop, '');
+    }
+    const r = await first.done;
+    assert.equal(r.code, 0, shown(r));
+    const after = await cli(['inspect', ...backend, '--key', key]);
+    assert.match(after.stdout, /is free/, shown(after));
+  });
+});
+
+describe('run over TLS', () => {
+  let redis;
+  let pg;
+  let caFile;
+  before(async () => {
+    const certs = makeTestCertificates();
+    caFile = join(dir, 'test-ca.pem');
+    writeFileSync(caFile, certs.ca);
+    redis = await startRedis({
+      tlsPort: await freePort(),
+      args: ['--tls-cert-file', certs.certFile, '--tls-key-file', certs.keyFile, '--tls-auth-clients', 'no'],
+    });
+    pg = await startPostgres({ ssl: { cert: certs.cert, key: certs.key } });
+  });
+  after(async () => {
+    await redis?.dispose();
+    await pg?.dispose();
+  });
+
+  it('rediss:// with --tls-ca runs the command under the lock; without the CA the server is not trusted (exit 5)', async () => {
+    const url = `rediss://localhost:${redis.port}`;
+    const r = await cli(['run', '--url', url, '--tls-ca', caFile, '--key', newKey('tls'), '--', node, '-e', 'process.exit(9)']);
+    assert.equal(r.code, 9, shown(r));
+    const untrusted = await cli(['run', '--url', url, '--connect-timeout', '2s', '--key', newKey('tls'), '--', node, '-e', '']);
+    assert.equal(untrusted.code, 5, shown(untrusted));
+  });
+
+  it('PostgreSQL with sslmode=verify-full and --tls-ca runs the command under the lock', async () => {
+    const url = `${pg.url.replace('127.0.0.1', 'localhost')}?sslmode=verify-full`;
+    const r = await cli(['run', '--url', url, '--tls-ca', caFile, '--key', newKey('pg-tls'), '--', node, '-e', 'process.exit(9)']);
+    assert.equal(r.code, 9, shown(r));
+    const untrusted = await cli(['run', '--url', url, '--key', newKey('pg-tls'), '--', node, '-e', '']);
+    assert.equal(untrusted.code, 5, shown(untrusted));
+  });
+});
+
+describe('run with PostgreSQL advisory locks', () => {
+  let pg;
+  before(async () => {
+    pg = await startPostgres();
+  });
+  after(() => pg?.dispose());
+  const advisoryLocks = () => Number(pg.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"));
+
+  it('--pg-mode advisory holds a session advisory lock for the command, refuses a second holder (exit 3), and inspect shows its holder', async () => {
+    const key = newKey('advisory');
+    const ready = join(dir, `${key}.ready`);
+    const stop = join(dir, `${key}.stop`);
+    const backend = ['--url', pg.url, '--pg-mode', 'advisory'];
+    const first = start(['run', ...backend, '--key', key, '--holder', 'migration', '--', node, holder, ready, stop, '30000', '0']);
+    try {
+      await waitForFile(ready);
+      assert.equal(advisoryLocks(), 1, first.sofar());
+      const second = await cli(['run', ...backend, '--key', key, '--', node, '-e', '']);
+      assert.equal(second.code, 3, shown(second));
+      const inspected = await cli(['inspect', ...backend, '--key', key, '--json']);
+      assert.equal(inspected.code, 0, shown(inspected));
+      const info = JSON.parse(inspected.stdout);
+      assert.equal(info.held, true, shown(inspected));
+      assert.equal(info.holder, 'migration', shown(inspected));
+    } finally {
+      writeFileSync(stop, '');
+    }
+    const r = await first.done;
+    assert.equal(r.code, 0, shown(r));
+    await until(() => advisoryLocks() === 0, 'the advisory lock going');
+  });
+
+  it('--pg-keys integer locks the number itself: a psql session holding pg_advisory_lock(N) makes run exit 3', async () => {
+    const session = pg.session('SELECT pg_advisory_lock(424242); SELECT pg_sleep(60);\n');
+    try {
+      await until(() => advisoryLocks() === 1, 'psql taking the advisory lock');
+      const backend = ['--url', pg.url, '--pg-mode', 'advisory', '--pg-keys', 'integer'];
+      const r = await cli(['run', ...backend, '--key', '424242', '--', node, '-e', '']);
+      assert.equal(r.code, 3, shown(r));
+      const other = await cli(['run', ...backend, '--key', '424243', '--', node, '-e', 'process.exit(6 + 6)']);
+      assert.equal(other.code, 12, shown(other));
+    } finally {
+      session.kill();
+    }
   });
 });
 

@@ -147,8 +147,16 @@ const binary = require.resolve('${pkg.name}-${platform}');
     mongo: typeof require('locco-rs/mongo').MongoAdapter,
     mutex: typeof require('locco-rs/mutex').MutexManager,
     testing: typeof require('locco-rs/testing').runLockAdapterContract,
+    otel: typeof require('locco-rs/otel').lockMetrics,
   };
-  console.log(JSON.stringify({ state, second, released, held: typeof LockHeldError, subpaths, binary }));
+  // @opentelemetry/api is an optional peer, not installed here: the error names it.
+  let otelMissing = 'no error';
+  try {
+    require('locco-rs/otel').lockMetrics();
+  } catch (e) {
+    otelMissing = e.field + ': ' + e.message;
+  }
+  console.log(JSON.stringify({ state, second, released, held: typeof LockHeldError, subpaths, binary, otelMissing }));
 })().catch((e) => { console.error(e); process.exit(1); });
 `,
     );
@@ -156,16 +164,18 @@ const binary = require.resolve('${pkg.name}-${platform}');
     const out = JSON.parse(r.stdout);
     const fn = 'function';
     assert.deepEqual(
-      { ...out, binary: undefined },
+      { ...out, binary: undefined, otelMissing: undefined },
       {
         state: 'held',
         second: null,
         released: true,
         held: fn,
-        subpaths: { redis: fn, postgres: fn, mongo: fn, mutex: fn, testing: fn },
+        subpaths: { redis: fn, postgres: fn, mongo: fn, mutex: fn, testing: fn, otel: fn },
         binary: undefined,
+        otelMissing: undefined,
       },
     );
+    assert.match(out.otelMissing, /^meter: .*npm install @opentelemetry\/api/);
     assert.ok(out.binary.startsWith(join(realpathSync(app), 'node_modules')), out.binary);
   });
 
@@ -180,6 +190,7 @@ import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
 import { MongoAdapter, mongoLocksIndexes } from 'locco-rs/mongo';
 import { MutexManager } from 'locco-rs/mutex';
 import * as testing from 'locco-rs/testing';
+import { lockMetrics } from 'locco-rs/otel';
 
 const locker = new Locker({ adapter: new InMemoryAdapter(), fencing: true });
 const lock = await locker.acquire('esm', { ttl: 5000 });
@@ -194,6 +205,7 @@ console.log(JSON.stringify({
   ddl: postgresLocksDdl().includes('CREATE TABLE'),
   indexes: mongoLocksIndexes().length,
   testing: typeof testing.runLockAdapterContract,
+  otel: typeof lockMetrics,
 }));
 `,
     );
@@ -205,6 +217,7 @@ console.log(JSON.stringify({
       ddl: true,
       indexes: 2,
       testing: 'function',
+      otel: 'function',
     });
   });
 });

@@ -34,7 +34,7 @@ it('arethetypeswrong finds no problem in the packed tarball', () => {
   });
   const report = JSON.parse(r.stdout);
   const entrypoints = Object.keys(report.analysis.entrypoints).sort();
-  assert.deepEqual(entrypoints, ['.', './etcd', './memory', './mongo', './mutex', './package.json', './postgres', './redis', './testing']);
+  assert.deepEqual(entrypoints, ['.', './etcd', './memory', './mongo', './mutex', './otel', './package.json', './postgres', './redis', './testing']);
   const problems = Object.values(report.problems ?? {}).flat();
   assert.deepEqual(
     problems.map((p) => `${p.kind} ${p.entrypoint ?? ''} ${p.resolutionKind ?? ''}`),
@@ -59,6 +59,7 @@ it('the main declarations carry a JSDoc @example', async () => {
     'entry/etcd.d.ts': ['export declare class EtcdAdapter'],
     'entry/mutex.d.ts': ['export declare class MutexManager', 'runOperation<T>('],
     'entry/testing.d.ts': ['export declare function runLockAdapterContract'],
+    'entry/otel.d.ts': ['export declare function lockMetrics'],
   };
   for (const [file, declarations] of Object.entries(wanted)) {
     const text = await readFile(join(root, file), 'utf8');

@@ -7,6 +7,7 @@ import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
 import { MongoAdapter, mongoLocksIndexes } from 'locco-rs/mongo';
 import { MutexManager, LockExtensionError } from 'locco-rs/mutex';
 import { runLockAdapterContract } from 'locco-rs/testing';
+import { lockMetrics } from 'locco-rs/otel';
 // @ts-expect-error the ESM entry has no default export, at runtime or in its types
 import locco from 'locco-rs';
 
@@ -17,3 +18,4 @@ const n: number = await local.runOperation('esm', () => 1);
 
 void [lock, n, locco, LockHeldError, RedisAdapter, RedisReplicationError, PostgresAdapter, postgresLocksDdl];
 void [MongoAdapter, mongoLocksIndexes, LockExtensionError, runLockAdapterContract];
+void new Locker({ adapter: new InMemoryAdapter(), onEvent: lockMetrics() });

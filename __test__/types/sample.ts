@@ -23,6 +23,8 @@ import {
 } from 'locco-rs';
 import { InMemoryAdapter } from 'locco-rs/memory';
 import { runLockAdapterContract } from 'locco-rs/testing';
+import { lockMetrics, type LockMetricsMeter, type LockMetricsOptions } from 'locco-rs/otel';
+import { metrics } from '@opentelemetry/api';
 import { RedisAdapter, RedisReplicationError, RedlockAdapter } from 'locco-rs/redis';
 import { PostgresAdapter, postgresLocksDdl } from 'locco-rs/postgres';
 import { MongoAdapter, mongoLocksIndexes, type MongoIndexSpec } from 'locco-rs/mongo';
@@ -208,3 +210,11 @@ export async function unsafeFindings(adapter: RedisAdapter | PostgresAdapter | M
   void severity;
   return findings.filter((f) => f.severity === 'unsafe' && f.why.length > 0 && f.fix.length > 0);
 }
+
+// An OpenTelemetry Meter fits lockMetrics' meter; the handler fits onEvent.
+const otelMeter: LockMetricsMeter = metrics.getMeter('app');
+const metricsOptions: LockMetricsOptions = { meter: otelMeter, group: (key) => key.split('/')[0] };
+new Locker({ adapter, onEvent: lockMetrics(metricsOptions) });
+new Locker({ adapter, onEvent: lockMetrics() });
+// @ts-expect-error group maps a key to a string
+lockMetrics({ group: (key: string) => key.length });

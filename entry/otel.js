@@ -1,0 +1,5 @@
+'use strict';
+
+const { lockMetrics } = require('../lib/otel.js');
+
+module.exports = { lockMetrics };

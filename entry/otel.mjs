@@ -1,0 +1,3 @@
+import cjs from './otel.js';
+
+export const { lockMetrics } = cjs;
