@@ -2,7 +2,7 @@
 // ones as they are, the network ones against servers the test starts, their URL in the env var
 // the example documents.
 import assert from 'node:assert/strict';
-import { existsSync, readdirSync } from 'node:fs';
+import { readdirSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { runNode } from '../support/run-node.mjs';
 import { startMongo, startPostgres, startRedis } from '../support/servers.mjs';
