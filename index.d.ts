@@ -119,6 +119,13 @@ export interface RetryOptions {
   delay?: number | DelayFn;
   /** Budget for the whole acquisition, waits included, in ms. Default none. */
   timeout?: number;
+  /**
+   * What a transient backend failure (a refused or dropped connection, no answer in time) does
+   * to an acquisition. `'fail'` (default): it ends it with the BackendError. `'retry'`: it counts
+   * as one more attempt, reported by a `backendRetry` event, within `retries` and `timeout`; when
+   * they are spent, the last failure is the error. Never turns a failure into contention.
+   */
+  onBackendError?: 'fail' | 'retry';
 }
 
 export interface AutoExtendOptions {
@@ -192,6 +199,8 @@ export type LostReason =
 export type LockEvent =
   | { type: 'acquired'; key: string; ttl: number; waitedMs: number; attempts: number }
   | { type: 'contended'; key: string; ttl: number; attempt: number; elapsedMs: number; reason: 'held' | 'late' }
+  /** An attempt failed on the backend and the acquisition goes on (`retry.onBackendError: 'retry'`, or a queued waiter keeping its place). */
+  | { type: 'backendRetry'; key: string; ttl: number; attempt: number; elapsedMs: number; error: unknown }
   | { type: 'extended'; key: string; ttl: number; heldMs: number }
   | { type: 'extendFailed'; key: string; ttl: number; heldMs: number; error: unknown }
   | { type: 'released'; key: string; ttl: number; heldMs: number }
@@ -227,7 +236,7 @@ export declare class Lock implements AsyncDisposable {
   /** The latest lease length asked for, in ms. */
   readonly ttl: number;
   /** The merged retry policy of the acquisition. */
-  readonly retry: Required<Pick<RetryOptions, 'retries' | 'delay'>> & { timeout: number | undefined };
+  readonly retry: Required<Pick<RetryOptions, 'retries' | 'delay' | 'onBackendError'>> & { timeout: number | undefined };
   /** The fencing token of this grant, when the Locker's fencing is on. */
   readonly fence: number | undefined;
   /** Read on the clock: a lease that ran out reads 'lost' even before a timer noticed. */

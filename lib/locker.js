@@ -23,10 +23,10 @@ const { refuseUnknown } = require('./options.js');
 const { adapterRef } = require('./adapters.js');
 
 const STATES = ['held', 'lost', 'released'];
-const DEFAULT_RETRY = Object.freeze({ retries: 10, delay: 200, timeout: undefined });
+const DEFAULT_RETRY = Object.freeze({ retries: 10, delay: 200, timeout: undefined, onBackendError: 'fail' });
 const NATIVE_DELAY = Symbol('locco-rs.delayId');
 const LOCKER_OPTIONS = ['adapter', 'retry', 'keyPrefix', 'onEvent', 'now', 'token', 'fencing'];
-const RETRY_OPTIONS = ['retries', 'delay', 'timeout'];
+const RETRY_OPTIONS = ['retries', 'delay', 'timeout', 'onBackendError'];
 const ACQUIRE_OPTIONS = ['ttl', 'retry', 'signal', 'autoExtend', 'holder'];
 const TRY_ACQUIRE_OPTIONS = ['ttl', 'autoExtend', 'holder'];
 const CLOSE_OPTIONS = ['release'];
@@ -93,7 +93,7 @@ function delayId(fn) {
 /** Checks a RetryOptions layer and answers the binding's view of it (src/exports/retry.rs RetrySpec). */
 function retrySpec(field, retry) {
   if (retry === undefined) return undefined;
-  if (!isObject(retry)) throw validation(field, 'must be an object { retries?, delay?, timeout? }');
+  if (!isObject(retry)) throw validation(field, 'must be an object { retries?, delay?, timeout?, onBackendError? }');
   refuseUnknown(field, retry, RETRY_OPTIONS);
   const retries = optionalNumber(`${field}.retries`, retry.retries);
   if (retries !== undefined && !(retries >= 0)) throw validation(`${field}.retries`, `must be >= 0, got ${retries}`);
@@ -106,7 +106,11 @@ function retrySpec(field, retry) {
   } else if (delay !== undefined && !(delay >= 0)) {
     throw validation(`${field}.delay`, `must be >= 0, got ${delay}`);
   } else delayMs = delay;
-  return { retries, delayMs, delayId: delayFn, timeout: optionalNumber(`${field}.timeout`, retry.timeout) };
+  const { onBackendError } = retry;
+  if (onBackendError !== undefined && onBackendError !== 'fail' && onBackendError !== 'retry') {
+    throw validation(`${field}.onBackendError`, `must be 'fail' or 'retry', got ${JSON.stringify(onBackendError)}`);
+  }
+  return { retries, delayMs, delayId: delayFn, timeout: optionalNumber(`${field}.timeout`, retry.timeout), onBackendError };
 }
 
 /** Whether this process has emitted LOCCO_RETRIES_END_FIRST (it is emitted once). */
@@ -134,7 +138,7 @@ function mergeRetry(...layers) {
   const out = { ...DEFAULT_RETRY };
   for (const layer of layers) {
     if (!layer) continue;
-    for (const k of ['retries', 'delay', 'timeout']) if (layer[k] !== undefined) out[k] = layer[k];
+    for (const k of RETRY_OPTIONS) if (layer[k] !== undefined) out[k] = layer[k];
   }
   return out;
 }
@@ -145,6 +149,8 @@ function eventOf(type, key, ttl, a, b, reason, error) {
       return { type, key, ttl, waitedMs: a, attempts: b };
     case 'contended':
       return { type, key, ttl, attempt: b, elapsedMs: a, reason };
+    case 'backendRetry':
+      return { type, key, ttl, attempt: b, elapsedMs: a, error };
     case 'lost':
       return error === undefined ? { type, key, ttl, heldMs: a, reason } : { type, key, ttl, heldMs: a, reason, error };
     case 'extendFailed':

@@ -66,7 +66,7 @@ for (const [name, makeAdapter, caps = {}] of ALL) {
       assert.match(lock.token, /^[0-9a-f]{32}$/);
       assert.equal(lock.ttl, 5000);
       assert.equal(lock.fence, undefined);
-      assert.deepEqual(lock.retry, { retries: 10, delay: 200, timeout: undefined });
+      assert.deepEqual(lock.retry, { retries: 10, delay: 200, timeout: undefined, onBackendError: 'fail' });
       assert.equal(await lock.release(), true);
       assert.equal(lock.state, 'released');
       assert.equal(await lock.release(), false);
@@ -118,9 +118,9 @@ for (const [name, makeAdapter, caps = {}] of ALL) {
       assert.ok(err.attempts >= 3);
       // A lease long enough for a loaded machine: this checks the merged policy, not timing.
       const other = await locker.tryAcquire('other', { ttl: 2000 });
-      assert.deepEqual(other.retry, { retries: Infinity, delay: 20, timeout: undefined });
+      assert.deepEqual(other.retry, { retries: Infinity, delay: 20, timeout: undefined, onBackendError: 'fail' });
       const lock = await locker.acquire('third', { ttl: 100, retry: { timeout: 9 } });
-      assert.deepEqual(lock.retry, { retries: Infinity, delay: 20, timeout: 9 });
+      assert.deepEqual(lock.retry, { retries: Infinity, delay: 20, timeout: 9, onBackendError: 'fail' });
     });
 
     it('calls an async DelayFn with attempt, elapsedMs and previousDelay', async () => {

@@ -302,6 +302,13 @@ impl EventSink for Hooks {
                     Some(reason.as_str()),
                     None,
                 ),
+                Event::BackendRetry {
+                    key,
+                    ttl,
+                    attempt,
+                    elapsed_ms,
+                    error,
+                } => (key, *ttl, *elapsed_ms, *attempt as f64, None, Some(*error)),
                 Event::Extended { key, ttl, held_ms } | Event::Released { key, ttl, held_ms } => {
                     (key, *ttl, *held_ms, 0.0, None, None)
                 }

@@ -3,7 +3,7 @@
 
 use std::rc::Rc;
 
-use locco_core::{Backoff, Delay, Error, RetryOverrides};
+use locco_core::{Backoff, Delay, Error, OnBackendError, RetryOverrides};
 use napi_derive::napi;
 
 use crate::backends::js::JsDelay;
@@ -59,6 +59,8 @@ pub struct RetrySpec {
     pub delay_id: Option<f64>,
     /// The whole acquisition's budget, in ms; `Infinity` for none.
     pub timeout: Option<f64>,
+    /// `"fail"` or `"retry"`: what a transient backend failure does to an acquisition.
+    pub on_backend_error: Option<String>,
 }
 
 /// The engine's view of a retry layer (absent: nothing overridden), checked.
@@ -68,6 +70,7 @@ pub(crate) fn retry_layer(spec: Option<RetrySpec>) -> Result<RetryOverrides, Err
         delay_ms,
         delay_id,
         timeout,
+        on_backend_error,
     }) = spec
     else {
         return Ok(RetryOverrides::default());
@@ -116,10 +119,22 @@ pub(crate) fn retry_layer(spec: Option<RetrySpec>) -> Result<RetryOverrides, Err
             ))
         }
     };
+    let on_backend_error = match on_backend_error.as_deref() {
+        None => None,
+        Some("fail") => Some(OnBackendError::Fail),
+        Some("retry") => Some(OnBackendError::Retry),
+        Some(other) => {
+            return Err(Error::validation(
+                "retry.onBackendError",
+                format!("must be 'fail' or 'retry', got {other:?}"),
+            ))
+        }
+    };
     Ok(RetryOverrides {
         retries,
         delay,
         timeout,
+        on_backend_error,
     })
 }
 

@@ -76,6 +76,7 @@ fn round(pool: &mut LocalPool, locker: &Rc<Locker>, every_reading: bool) -> Roun
         retries: None,
         delay: Delay::Fixed(1000.0),
         timeout: None,
+        ..Default::default()
     });
     let done = Rc::new(Cell::new(0u32));
     let changed = Rc::new(Cell::new(0u32));

@@ -65,7 +65,9 @@ pub use engine::options::{
     validate_key, validate_ttl, AcquireOptions, AutoExtend, LockerOptions, TokenSource,
     MAX_KEY_BYTES,
 };
-pub use engine::retry::{Backoff, Delay, DelayFn, DelayInput, RetryOverrides, RetryPolicy};
+pub use engine::retry::{
+    Backoff, Delay, DelayFn, DelayInput, OnBackendError, RetryOverrides, RetryPolicy,
+};
 pub use rt::clock::{
     fresh_reading, lease_end, monotonic_ms, monotonic_reading, one_reading, Clock, LeaseClock,
     MonotonicClock, SystemSource, TimeSource, CLOCK_DRIFT_FACTOR,

@@ -673,6 +673,55 @@ fn a_failed_release_keeps_the_lock_and_can_be_retried() {
 }
 
 #[test]
+fn a_backend_failure_ends_an_acquisition_at_once_by_default() {
+    let mut h = Harness::new();
+    h.backend.fail.set(true);
+    let policy = RetryPolicy {
+        retries: Some(10),
+        delay: Delay::Fixed(100.0),
+        ..Default::default()
+    };
+    let task = h.spawn_acquire("k", AcquireOptions::new(1000).with_retry(policy));
+    h.run_to(1010.0);
+    match h.pool.run_until(task) {
+        Err(Error::Backend { kind, .. }) => assert_eq!(kind, BackendErrorKind::Io),
+        other => panic!("expected the backend's failure, got {other:?}"),
+    }
+    assert_eq!(h.backend.count("acquire"), 1);
+}
+
+#[test]
+fn on_backend_error_retry_rides_out_a_failure_within_the_budget() {
+    let mut h = Harness::new();
+    h.backend.fail.set(true);
+    let policy = RetryPolicy {
+        retries: None,
+        delay: Delay::Fixed(100.0),
+        timeout: Some(2000.0),
+        on_backend_error: OnBackendError::Retry,
+    };
+    let task = h.spawn_acquire("k", AcquireOptions::new(1000).with_retry(policy.clone()));
+    h.run_to(1350.0);
+    h.backend.fail.set(false);
+    h.run_to(1500.0);
+    let lock = h.pool.run_until(task).expect("taken once the backend answered");
+    assert_eq!(lock.state(), LockState::Held);
+    let retried = h.events().iter().filter(|e| *e == "backendRetry").count();
+    assert!((3..=5).contains(&retried), "{:?}", h.events());
+    assert_eq!(h.events().last().map(String::as_str), Some("acquired"));
+    // A failure that outlasts the budget is the answer when the budget is spent, not
+    // contention.
+    h.pool.run_until(lock.release(false)).unwrap();
+    h.backend.fail.set(true);
+    let task = h.spawn_acquire("k", AcquireOptions::new(1000).with_retry(policy));
+    h.run_to(3600.0);
+    match h.pool.run_until(task) {
+        Err(Error::Backend { kind, .. }) => assert_eq!(kind, BackendErrorKind::Io),
+        other => panic!("expected the backend's failure, got {other:?}"),
+    }
+}
+
+#[test]
 fn is_held_false_marks_the_lock_observed() {
     let mut h = Harness::new();
     let lock = h.acquire("k", AcquireOptions::new(1000));
@@ -690,6 +739,7 @@ fn retries_count_attempts_and_give_up_with_held() {
         retries: Some(2),
         delay: Delay::Fixed(100.0),
         timeout: None,
+        ..Default::default()
     };
     let task = h.spawn_acquire("k", AcquireOptions::new(100).with_retry(policy));
     h.run_to(1300.0);
@@ -712,6 +762,7 @@ fn the_timeout_is_one_budget_and_no_wait_starts_after_it() {
         retries: None,
         delay: Delay::Fixed(100.0),
         timeout: Some(250.0),
+        ..Default::default()
     };
     let task = h.spawn_acquire("k", AcquireOptions::new(100).with_retry(policy));
     h.run_to(1250.0);
@@ -739,6 +790,7 @@ fn a_release_wakes_the_longest_waiter_before_its_next_poll() {
             retries: None,
             delay: Delay::Fixed(60_000.0),
             timeout: None,
+            ..Default::default()
         };
         h.pool
             .spawner()
@@ -774,6 +826,7 @@ fn a_queue_in_this_process_is_joined_by_the_first_try() {
         retries: None,
         delay: Delay::Fixed(60_000.0),
         timeout: None,
+        ..Default::default()
     };
     let waiter = h.spawn_acquire("k", AcquireOptions::new(10_000).with_retry(waits));
     h.pool.run_until_stalled();
@@ -788,6 +841,7 @@ fn a_queue_in_this_process_is_joined_by_the_first_try() {
         retries: Some(0),
         delay: Delay::Fixed(0.0),
         timeout: None,
+        ..Default::default()
     };
     let tried = h.spawn_acquire("k", AcquireOptions::new(10_000).with_retry(once));
     assert!(matches!(h.pool.run_until(tried), Err(Error::Held { .. })));
@@ -944,6 +998,7 @@ fn retries(n: u32, delay: f64) -> RetryPolicy {
         retries: Some(n),
         delay: Delay::Fixed(delay),
         timeout: None,
+        ..Default::default()
     }
 }
 
@@ -1033,6 +1088,7 @@ fn an_abandoned_attempt_whose_late_answer_failed_is_given_back() {
         retries: Some(0),
         delay: Delay::Fixed(10.0),
         timeout: Some(50.0),
+        ..Default::default()
     };
     let task = h.spawn_acquire("k", AcquireOptions::new(10_000).with_retry(policy));
     h.run_to(1050.0);
@@ -1581,6 +1637,7 @@ fn a_queued_waiter_rides_out_a_failing_backend_within_its_budget() {
         retries: None,
         delay: Delay::Fixed(100.0),
         timeout: Some(5_000.0),
+        ..Default::default()
     };
     let waiting = h.spawn_acquire("k", AcquireOptions::new(10_000).with_retry(policy.clone()));
     h.pool.run_until_stalled();
@@ -1621,6 +1678,7 @@ fn a_failed_acquisition_reads_the_holder_once_after_its_last_attempt() {
         retries: Some(3),
         delay: Delay::Fixed(100.0),
         timeout: None,
+        ..Default::default()
     };
     let task = h.spawn_acquire("k", AcquireOptions::new(100).with_retry(policy));
     h.run_to(1250.0);
@@ -1648,6 +1706,7 @@ fn a_slow_holder_read_does_not_hold_the_error_back_by_more_than_250_ms() {
         retries: Some(1),
         delay: Delay::Fixed(100.0),
         timeout: None,
+        ..Default::default()
     };
     let started = h.clock.now();
     let (locker, clock) = (h.locker.clone(), h.clock.clone());

@@ -161,6 +161,7 @@ fn patient(ttl: u32) -> AcquireOptions {
         retries: None,
         delay: Delay::Fixed(50.0),
         timeout: Some(60_000.0),
+        ..Default::default()
     })
 }
 
@@ -296,6 +297,7 @@ fn a_writer_that_cannot_drain_in_time_gives_the_write_key_back() {
         retries: None,
         delay: Delay::Fixed(50.0),
         timeout: Some(500.0),
+        ..Default::default()
     });
     let writer = h.spawn_take(WRITE, options);
     h.run_to(1_600.0);
@@ -542,6 +544,7 @@ fn random_readers_writers_and_crashes_never_put_a_writer_beside_anyone() {
                         retries: None,
                         delay: Delay::Fixed(10.0 + rng.below(90) as f64),
                         timeout: Some(rng.below(3_000) as f64),
+                        ..Default::default()
                     });
                     pending.push((write, h.spawn_take(holders, options)));
                 }

@@ -355,6 +355,7 @@ impl Case {
             retries: Some(r.range(0, 3) as u32),
             delay: Delay::Fixed(r.range(0, 60) as f64),
             timeout: r.chance(0.2).then(|| r.range(10, 400) as f64),
+            ..Default::default()
         };
         let mut o = AcquireOptions::new(ttl).with_retry(retry);
         if r.chance(0.3) {

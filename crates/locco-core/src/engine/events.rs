@@ -18,6 +18,15 @@ pub enum Event<'a> {
         elapsed_ms: f64,
         reason: HeldReason,
     },
+    /// An attempt failed on the backend and the acquisition goes on (`onBackendError: retry`,
+    /// or a queued waiter keeping its place through a dropped connection).
+    BackendRetry {
+        key: &'a str,
+        ttl: u32,
+        attempt: u32,
+        elapsed_ms: f64,
+        error: &'a Error,
+    },
     Extended {
         key: &'a str,
         ttl: u32,
@@ -55,6 +64,7 @@ impl Event<'_> {
         match self {
             Event::Acquired { .. } => "acquired",
             Event::Contended { .. } => "contended",
+            Event::BackendRetry { .. } => "backendRetry",
             Event::Extended { .. } => "extended",
             Event::ExtendFailed { .. } => "extendFailed",
             Event::Released { .. } => "released",

@@ -120,6 +120,21 @@ pub struct RetryPolicy {
     pub retries: Option<u32>,
     pub delay: Delay,
     pub timeout: Option<f64>,
+    /// What a transient backend failure (a refused or dropped connection, a timeout) does to
+    /// an acquisition: end it, or count as a try and go on within the budget.
+    pub on_backend_error: OnBackendError,
+}
+
+/// What an acquisition does when an attempt fails on the backend rather than on contention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnBackendError {
+    /// The failure ends the acquisition (a waiter already in a fair queue still rides out a
+    /// dropped connection, since its place is worth keeping).
+    #[default]
+    Fail,
+    /// A transient failure is one more try: the acquisition waits its delay and tries again,
+    /// within its retries and timeout, and ends with that failure when they are spent.
+    Retry,
 }
 
 impl Default for RetryPolicy {
@@ -129,6 +144,7 @@ impl Default for RetryPolicy {
             retries: Some(10),
             delay: Delay::Fixed(200.0),
             timeout: None,
+            on_backend_error: OnBackendError::Fail,
         }
     }
 }
@@ -139,6 +155,7 @@ pub struct RetryOverrides {
     pub retries: Option<Option<u32>>,
     pub delay: Option<Delay>,
     pub timeout: Option<Option<f64>>,
+    pub on_backend_error: Option<OnBackendError>,
 }
 
 impl RetryPolicy {
@@ -152,6 +169,9 @@ impl RetryPolicy {
         }
         if let Some(t) = layer.timeout {
             self.timeout = t;
+        }
+        if let Some(o) = layer.on_backend_error {
+            self.on_backend_error = o;
         }
         self
     }

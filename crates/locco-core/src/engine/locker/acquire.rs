@@ -12,7 +12,7 @@ use crate::engine::locker::grant::{GrantAnswer, GrantOp};
 use crate::engine::locker::waiter_id::{next_waiter_id, WaiterId};
 use crate::engine::locker::{Locker, QUEUE_LEASE_MS, QUEUE_RECHECK_MS};
 use crate::engine::options::AcquireOptions;
-use crate::engine::retry::{Delay, DelayInput};
+use crate::engine::retry::{Delay, DelayInput, OnBackendError};
 use crate::rt::clock::lease_end;
 use crate::rt::error::{BackendErrorKind, Error, HeldReason, Result, Wanted};
 use crate::rt::runtime::{aborted, Abort};
@@ -320,14 +320,25 @@ impl Locker {
             let joined = place.is_some();
             // A queued waiter rides out a connection that drops or a server that restarts:
             // its place (or the queue) may be gone, but its next attempt asks again, and
-            // the budget still bounds the wait. So does an attempt that found the key held
-            // on some servers but could not tell for sure (a Redlock split vote with a server
-            // down), which a later attempt may win. Anything else ends the acquisition; a
-            // failure ridden out is still the error when the budget runs out.
+            // the budget still bounds the wait. So does any acquisition whose policy says
+            // `OnBackendError::Retry`, and an attempt that found the key held on some servers
+            // but could not tell for sure (a Redlock split vote with a server down), which a
+            // later attempt may win. Anything else ends the acquisition; a failure ridden out
+            // is still the error when the budget runs out. (A failed grant was given back.)
             let outcome = match outcome {
                 Err(e)
-                    if (joined && answered.is_some() && is_transient(&e)) || held_in_part(&e) =>
+                    if ((joined && answered.is_some())
+                        || policy.on_backend_error == OnBackendError::Retry)
+                        && is_transient(&e)
+                        || held_in_part(&e) =>
                 {
+                    self.emit(|| Event::BackendRetry {
+                        key,
+                        ttl: options.ttl,
+                        attempt,
+                        elapsed_ms: self.now().map_or(f64::NAN, |now| now - start),
+                        error: &e,
+                    });
                     failed = Some(e);
                     Attempt::NoAnswer
                 }
