@@ -54,18 +54,20 @@ describe('RedisAdapter faults', () => {
   });
 
   // LOCCO_REDIS_PORTABLE=1: the driver's own connection on the I/O thread, which is what
-  // platforms without the event-loop link (Windows) get. Known defect, found under Wine: the
-  // first request after the server closed an idle connection fails with "broken pipe", and only
-  // the next one reconnects. Retrying it blindly is unsafe (the driver answers "broken pipe"
-  // for a request in flight too, which the server may have run).
-  it('on the portable connection, the next operation after the server closed the connection succeeds', { todo: 'the first request after an idle close fails with broken pipe' }, async () => {
+  // platforms without the event-loop link (Windows) get.
+  const portableAdapter = (options) => {
+    const was = process.env.LOCCO_REDIS_PORTABLE;
     process.env.LOCCO_REDIS_PORTABLE = '1';
-    let adapter;
     try {
-      adapter = new RedisAdapter({ url: redis.url });
+      return new RedisAdapter(options);
     } finally {
-      delete process.env.LOCCO_REDIS_PORTABLE;
+      if (was === undefined) delete process.env.LOCCO_REDIS_PORTABLE;
+      else process.env.LOCCO_REDIS_PORTABLE = was;
     }
+  };
+
+  it('on the portable connection, the next operation after the server closed the connection succeeds', async () => {
+    const adapter = portableAdapter({ url: redis.url });
     const locker = new Locker({ adapter, retry: { retries: 0 } });
     try {
       await (await locker.acquire('portable:warm', { ttl: 5000 })).release();
@@ -76,6 +78,62 @@ describe('RedisAdapter faults', () => {
       assert.equal(await lock.release(), true);
     } finally {
       await adapter.close();
+    }
+  });
+
+  it('on the portable connection, the next operation after the server timed out the idle connection succeeds', { skip: ownServer }, async () => {
+    const adapter = portableAdapter({ url: redis.url });
+    const locker = new Locker({ adapter, retry: { retries: 0 } });
+    redis.cli('CONFIG', 'SET', 'timeout', '1');
+    try {
+      await (await locker.acquire('portable:idle-warm', { ttl: 5000 })).release();
+      // The server closes a connection idle for more than a second, checked a few times a second.
+      await sleep(2500);
+      // Each reading is a connection of its own, counted before it reads.
+      const received = () => Number(/total_connections_received:(\d+)/.exec(redis.cli('INFO', 'stats'))[1]);
+      const before = received();
+      const lock = await locker.tryAcquire('portable:idle-after', { ttl: 5000 });
+      assert.ok(lock, 'the key was free');
+      assert.equal(await lock.release(), true);
+      assert.ok(received() - before >= 2, 'the server had closed the idle connection');
+    } finally {
+      redis.cli('CONFIG', 'SET', 'timeout', '0');
+      await adapter.close();
+    }
+  });
+
+  // The driver answers "broken pipe" for a request in flight too, which the server may have
+  // run: such a request fails, and is not sent again (a second SET NX would find the key its
+  // first run set, and answer that someone else holds it).
+  it('on the portable connection, a request in flight when the connection dies fails and is not sent again', { skip: ownServer }, async () => {
+    const proxy = await testProxy(redis.port);
+    const adapter = portableAdapter({ url: proxy.urlFor(redis.url), commandTimeout: 10_000 });
+    const locker = new Locker({ adapter, retry: { retries: 0 } });
+    try {
+      await (await locker.acquire('portable:flight-warm', { ttl: 5000 })).release();
+      const sets = redis.calls('set');
+      redis.pause();
+      let answer;
+      try {
+        answer = locker.tryAcquire('portable:flight', { ttl: 10_000 }).then((lock) => lock, (e) => e);
+        await sleep(300); // the request waits in the stopped server's socket
+        await proxy.cut();
+      } finally {
+        redis.resume();
+      }
+      // The server runs the request it had received; then a connection may be made again.
+      await until(() => redis.calls('set') === sets + 1, 5000);
+      await proxy.restore();
+      const err = await answer;
+      assert.ok(err instanceof BackendError, `a lost answer is a BackendError, not ${err}`);
+      await sleep(1500);
+      assert.equal(redis.calls('set'), sets + 1, 'the request was sent once');
+      const lock = await locker.tryAcquire('portable:flight-after', { ttl: 5000 });
+      assert.ok(lock, 'the next operation connects again');
+      await lock.release();
+    } finally {
+      await adapter.close();
+      await proxy.close();
     }
   });
 
@@ -463,6 +521,23 @@ describe('RedisAdapter waitForReplicas', { skip: ownServer }, () => {
       }
     } finally {
       await proxy.close();
+    }
+  });
+
+  // Writes that wait for replicas go out on connections of their own, kept for the next write.
+  it('the next write after the server closed the idle connections succeeds', async () => {
+    const adapter = new RedisAdapter({ url: primary.url, waitForReplicas: { replicas: 1, timeout: 1000 } });
+    const locker = new Locker({ adapter, retry: { retries: 0 } });
+    try {
+      await (await locker.acquire('wait-closed:warm', { ttl: 5000 })).release();
+      primary.cli('CLIENT', 'KILL', 'TYPE', 'normal');
+      await sleep(200);
+      const lock = await locker.tryAcquire('wait-closed:after', { ttl: 5000 });
+      assert.ok(lock, 'the key was free');
+      await lock.extend(5000);
+      assert.equal(await lock.release(), true);
+    } finally {
+      await adapter.close();
     }
   });
 

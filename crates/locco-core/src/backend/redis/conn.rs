@@ -1,10 +1,13 @@
 //! The connections a command goes out on ([`Conn`]), and how an adapter makes them: connect,
 //! the eviction check, the connection of its own for a write followed by WAIT.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use futures_util::FutureExt;
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Value};
@@ -29,6 +32,26 @@ use super::{loop_conn, Inner, WaitForReplicas};
 /// engine's deadlines cut a request sooner.
 const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (10, 200);
 const CLUSTER_TRIES: u32 = 50;
+
+/// Whether the driver has ended `conn`'s connection (the server closed it, or an idle
+/// `timeout` did), found without a round trip and without writing anything.
+///
+/// A request refused by an ended connection and one lost in flight both come back as the
+/// same "broken pipe", and the second may have run on the server: sent again, a SET NX
+/// would find its own first run's key and answer "held by someone else", a release would
+/// answer "not held", a fenced grant would take a second fence. So no failed request is
+/// sent again; instead the connection is looked at before an operation. The driver's task
+/// ends with its connection, and a request handed to an ended task fails at once, unsent.
+/// A PING polled once then dropped tells which: refused at once, the connection had ended
+/// (and a [`ConnectionManager`] starts a new one, which the operation then waits for);
+/// otherwise it sits in the queue of a live task (which cannot run meanwhile: the I/O
+/// runtime has one thread), and that task skips a request whose caller has gone, so nothing
+/// is written. A connection that dies after this look fails its request as before.
+pub(super) fn has_ended(conn: &mut impl ConnectionLike) -> bool {
+    static PING: LazyLock<redis::Cmd> = LazyLock::new(|| redis::cmd("PING"));
+    let refused = conn.req_packed_command(&PING).now_or_never();
+    matches!(refused, Some(Err(e)) if e.is_connection_dropped())
+}
 
 #[derive(Clone)]
 pub(super) enum Conn {
@@ -249,7 +272,15 @@ impl Inner {
         let failures_before = self.connect_failures.load(Ordering::Acquire);
         let mut slot = self.conn.lock().await;
         if let Some(c) = &*slot {
-            return Ok(c.clone());
+            let mut c = c.clone();
+            // The manager replaces a connection the server closed only once a request has
+            // failed on it: that request would be this operation's (see `has_ended`). Every
+            // operation of a standalone server off the event loop takes its connection here,
+            // the fair queue's and each Redlock server's too.
+            if let Conn::Single(manager) = &mut c {
+                has_ended(manager);
+            }
+            return Ok(c);
         }
         // An attempt that failed while this operation waited for the slot is its answer too:
         // trying again at once would make every queued operation pay a whole connect (a TLS
@@ -276,8 +307,11 @@ impl Inner {
 
     /// A connection of its own for a write followed by WAIT.
     async fn replicated_conn(&self) -> Result<MultiplexedConnection, Failure> {
-        if let Some(c) = self.replicated.lock().ok().and_then(|mut p| p.pop()) {
-            return Ok(c);
+        // One the server closed while it waited in the pool is dropped (see `has_ended`).
+        while let Some(mut c) = self.replicated.lock().ok().and_then(|mut p| p.pop()) {
+            if !has_ended(&mut c) {
+                return Ok(c);
+            }
         }
         let client = self.client.as_ref().expect("WAIT is refused on a Cluster");
         let config = AsyncConnectionConfig::new()
