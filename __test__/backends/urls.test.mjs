@@ -112,6 +112,11 @@ describe('URL parameters an adapter does not apply are refused by name', () => {
     assert.doesNotMatch(e.message, /topsecret/);
     assert.match(refusal(() => new MongoAdapter({ url: 'mongodb://127.0.0.1:1/?connecttimeoutms=100' })).message, /connectTimeout option/);
     assert.match(refusal(() => new MongoAdapter({ url: 'mongodb://127.0.0.1:1/?compressors=zstd' })).message, /parameter compressors, which this adapter does not apply/);
+    // A value the driver cannot read is refused now too, not at the first connect.
+    const value = refusal(() => new MongoAdapter({ url: 'mongodb://u:topsecret@127.0.0.1:1/?maxPoolSize=many' }));
+    assert.equal(value.field, 'url');
+    assert.match(value.message, /maxpoolsize/i);
+    assert.doesNotMatch(value.message, /topsecret/);
     assert.match(refusal(() => new MongoAdapter({ url: 'mongodb+srv://cluster.example.com/?replicaset=a&tlsCAfle=x' })).message, /did you mean tlsCAFile\?/);
   });
 
