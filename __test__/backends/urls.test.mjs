@@ -168,7 +168,15 @@ describe("a Redis URL's database", { skip: ownServer }, () => {
           const other = await db0.acquire(key, { ttl: 1000 });
           assert.equal(redis.cli('-n', '0', 'EXISTS', key), '1');
           await other.release();
-          assert.deepEqual((await holder.list({ prefix: `urls:${process.pid}:` })).map((l) => l.key), [key]);
+          assert.deepEqual((await holder.list({ prefix: key })).map((l) => l.key), [key]);
+          assert.deepEqual(await db0.list({ prefix: key }), []);
+          // forceRelease acts in its adapter's database only.
+          assert.equal(await db0.forceRelease(key), false);
+          assert.equal(redis.cli('-n', '4', 'EXISTS', key), '1');
+          const forced = unique('forced');
+          await holder.acquire(forced, { ttl: 30_000 });
+          assert.equal(await rival.forceRelease(forced), true);
+          assert.equal(redis.cli('-n', '4', 'EXISTS', forced), '0');
           await (await plain.acquire(unique('plain'), { ttl: 1000 })).release();
           // After the server drops the connections, the reconnected ones are in database 4 too.
           redis.cli('CLIENT', 'KILL', 'TYPE', 'normal');
