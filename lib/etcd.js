@@ -4,6 +4,7 @@ const { native, answer } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
+const { checkParameters, queryNames, URL_PARAMETERS } = require('./url.js');
 
 const ENDPOINT = /^(https?:\/\/)?[^/\s:]+(:\d+)$|^(https?:\/\/)?\[[0-9a-fA-F:.]+\](:\d+)$/;
 
@@ -33,6 +34,7 @@ class EtcdAdapter extends NativeAdapter {
       throw validation('endpoints', 'is required: a non-empty array such as ["127.0.0.1:2379"]');
     }
     endpoints.forEach((e, i) => {
+      if (typeof e === 'string') checkParameters(`endpoints[${i}]`, queryNames(e), URL_PARAMETERS.etcd);
       if (typeof e !== 'string' || !ENDPOINT.test(e)) {
         throw validation(`endpoints[${i}]`, `must be host:port or http(s)://host:port, got ${JSON.stringify(e)}`);
       }

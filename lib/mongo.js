@@ -4,7 +4,7 @@ const { native, answer } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
 const { refuseUnknown } = require('./options.js');
-const { checkUrl } = require('./url.js');
+const { checkUrl, URL_PARAMETERS } = require('./url.js');
 
 /**
  * Locks in a MongoDB collection, one document per key. The engine owns the client: pass a URL.
@@ -20,7 +20,12 @@ class MongoAdapter extends NativeAdapter {
     refuseUnknown('', options, ['url', 'dbName', 'collectionName', 'createIndexes', 'writeConcern', 'connectTimeout']);
     const { url, dbName, collectionName, createIndexes, writeConcern = { w: 'majority' }, connectTimeout } = options;
     if (typeof url !== 'string') throw validation('url', 'is required: mongodb://host:port/db');
-    checkUrl('url', url, { schemes: ['mongodb', 'mongodb+srv'], manyHosts: true, noPortSchemes: ['mongodb+srv'] });
+    checkUrl('url', url, {
+      schemes: ['mongodb', 'mongodb+srv'],
+      manyHosts: true,
+      noPortSchemes: ['mongodb+srv'],
+      parameters: URL_PARAMETERS.mongo,
+    });
     for (const [field, v] of [['dbName', dbName], ['collectionName', collectionName]]) {
       if (v !== undefined && typeof v !== 'string') throw validation(field, 'must be a string');
     }

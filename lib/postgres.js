@@ -4,7 +4,7 @@ const { native, answer, nextOpId } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
 const { refuseUnknown, tlsCa } = require('./options.js');
-const { checkUrl } = require('./url.js');
+const { checkKeyValue, checkUrl, URL_PARAMETERS } = require('./url.js');
 
 /**
  * Locks in a PostgreSQL table, or (mode: 'advisory') session-level advisory locks, one pooled
@@ -25,8 +25,9 @@ class PostgresAdapter extends NativeAdapter {
     if (keys !== undefined && keys !== 'hash' && keys !== 'integer') throw validation('keys', "must be 'hash' or 'integer'");
     if (keys !== undefined && mode !== 'advisory') throw validation('keys', "applies only to mode: 'advisory'");
     if (typeof url !== 'string') throw validation('url', 'is required: postgres://user:password@host:port/db');
-    // The key=value form (host=… port=…) is left to the driver.
-    if (url.includes('://')) checkUrl('url', url, { schemes: ['postgres', 'postgresql'], manyHosts: true });
+    const parameters = URL_PARAMETERS.postgres;
+    if (url.includes('://')) checkUrl('url', url, { schemes: ['postgres', 'postgresql'], manyHosts: true, parameters });
+    else checkKeyValue('url', url, parameters); // host=… port=…: the rest is the driver's to read
     if (tableName !== undefined && typeof tableName !== 'string') throw validation('tableName', 'must be a string');
     if (createTable !== undefined && typeof createTable !== 'boolean') throw validation('createTable', 'must be a boolean');
     for (const [field, v] of [['poolSize', poolSize], ['connectTimeout', connectTimeout]]) {

@@ -4,9 +4,9 @@ const { native, answer, nextOpId } = require('./native.js');
 const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
 const { validation } = require('./errors.js');
 const { refuseUnknown, tlsCa } = require('./options.js');
-const { checkUrl } = require('./url.js');
+const { checkUrl, URL_PARAMETERS } = require('./url.js');
 
-const REDIS_URL = { schemes: ['redis', 'rediss'] };
+const REDIS_URL = { schemes: ['redis', 'rediss'], parameters: URL_PARAMETERS.redis };
 
 function optionalMs(field, v) {
   if (v !== undefined && typeof v !== 'number') throw validation(field, 'must be a number of ms');

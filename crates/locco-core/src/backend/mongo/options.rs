@@ -40,6 +40,15 @@ impl MongoOptions {
                 "must start with mongodb:// or mongodb+srv://",
             ));
         }
+        // The driver's own reading of the URL, now rather than at the first connect: an option
+        // it does not know or a value it cannot read is a mistake in the options, not an outage.
+        mongodb::options::ConnectionString::parse(&self.url).map_err(|e| {
+            let message = match &*e.kind {
+                mongodb::error::ErrorKind::InvalidArgument { message, .. } => message.clone(),
+                _ => e.to_string(),
+            };
+            Error::validation("url", io::redact(&secrets_of(&self.url), message))
+        })?;
         if let Some(db) = &self.db_name {
             check_name("dbName", db, 63)?;
         }
@@ -125,6 +134,28 @@ mod tests {
             );
         }
         assert!(check_name("collectionName", "locco-locks", 120).is_ok());
+    }
+
+    #[test]
+    fn the_driver_reads_the_url_at_construction() {
+        let refused = |url: &str| match MongoOptions::new(url).validate() {
+            Err(Error::Validation { field, message }) => (field, message),
+            other => panic!("{url} gave {other:?}"),
+        };
+        let (field, message) = refused("mongodb://h/db?replicaSet=rs0&fooBar=1");
+        assert_eq!(field, "url");
+        assert!(message.contains("foobar"), "{message}");
+        let (_, message) = refused("mongodb://app:s3cr3t@h/db?maxPoolSize=many");
+        assert!(
+            message.contains("maxpoolsize") && !message.contains("s3cr3t"),
+            "{message}"
+        );
+        for ok in [
+            "mongodb://h1:1,h2:2/db?replicaSet=rs0&w=majority&retryWrites=true",
+            "mongodb+srv://cluster0.example.net/?appName=x",
+        ] {
+            assert!(MongoOptions::new(ok).validate().is_ok(), "{ok}");
+        }
     }
 
     #[test]

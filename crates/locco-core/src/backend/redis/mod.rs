@@ -84,7 +84,7 @@ pub struct RedisBackend {
 
 impl RedisBackend {
     /// Checks the options; connects on first use, so construction never blocks.
-    pub fn new(options: RedisOptions) -> Result<Self, Error> {
+    pub fn new(mut options: RedisOptions) -> Result<Self, Error> {
         options.validate()?;
         let secrets = secrets_of(&options.urls);
         let redact = |m: String| redact(&secrets, m);
