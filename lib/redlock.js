@@ -55,9 +55,20 @@ class RedlockAdapter extends NativeAdapter {
     }
   }
 
-  /** Closes the connections to every server. Operations afterwards fail with a BackendError. */
+  /**
+   * Closes the connections to every server, once the answers still due from servers slower
+   * than the majority have come (each within `serverTimeout`): a release made just before,
+   * which resolved at a majority, then reaches every server. Operations afterwards fail with a
+   * BackendError.
+   */
   async close() {
-    native.closeAdapter(this[NATIVE_ID]);
+    const id = this[NATIVE_ID];
+    try {
+      const opId = nextOpId();
+      await answer(native.redlockDrain(id, opId), opId);
+    } finally {
+      native.closeAdapter(id);
+    }
   }
 
   async [Symbol.asyncDispose]() {

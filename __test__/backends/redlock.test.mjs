@@ -5,7 +5,7 @@ import { after, afterEach, describe, it } from 'node:test';
 import { BackendError, Locker, LockHeldError, LockLostError, ValidationError } from 'locco-rs';
 import { RedlockAdapter } from 'locco-rs/redis';
 import { MutexManager } from 'locco-rs/mutex';
-import { startRedis } from '../support/servers.mjs';
+import { startRedis, testProxy } from '../support/servers.mjs';
 
 const servers = await Promise.all([0, 1, 2, 3, 4].map(() => startRedis()));
 after(() => Promise.all(servers.map((s) => s.dispose())));
@@ -94,6 +94,25 @@ describe('RedlockAdapter over 5 servers', () => {
     assert.equal(await lock.isHeld(), true);
     assert.equal(await lock.release(), true);
     await everywhere(key, '');
+  });
+
+  it('close waits for the servers that answer after the majority: a release just before it reaches every server', async () => {
+    // The third server is behind a proxy that holds its bytes for a while: the release resolves
+    // at the majority, and the adapter is closed at once, as a command line run does before it
+    // exits. Closing cut the slow server's release off, and it kept the key for the lease.
+    const proxy = await testProxy(Number(new URL(urls[2]).port));
+    try {
+      const adapter = new RedlockAdapter({ urls: [urls[0], urls[1], proxy.urlFor(urls[2]), urls[3], urls[4]], serverTimeout: 2000, connectTimeout: 1000 });
+      const lock = await lockerOn(adapter).acquire(freshKey(), { ttl: 60_000 });
+      await everywhere(lock.key, lock.token);
+      const stalled = proxy.stall(400);
+      assert.equal(await lock.release(), true);
+      await adapter.close();
+      await stalled;
+      assert.deepEqual(valuesOf(lock.key), ['', '', '', '', ''], 'a server kept the key after close');
+    } finally {
+      await proxy.close();
+    }
   });
 
   it('still grants with one server stopped', async () => {

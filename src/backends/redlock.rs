@@ -76,3 +76,21 @@ pub fn redlock_connect(adapter_id: f64, op_id: f64) -> Raw {
         Ok(op.await?.map_or(Answer::Null, Answer::Text))
     })
 }
+
+/// Resolves once the answers a Redlock adapter still waits for after earlier verdicts have come
+/// (or timed out): the facade's `close` waits for it before closing the connections.
+#[napi(catch_unwind)]
+pub fn redlock_drain(adapter_id: f64, op_id: f64) -> Raw {
+    let backend = match backend_of(adapter_id, "Redlock", |a| match a {
+        Adapter::Redlock(b) => Some(b.inner().clone()),
+        _ => None,
+    }) {
+        Ok(b) => b,
+        Err(failed) => return failed,
+    };
+    let op = backend.drained();
+    ops::run(op_id, async move {
+        op.await?;
+        Ok(Answer::Null)
+    })
+}

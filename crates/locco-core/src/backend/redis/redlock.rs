@@ -29,7 +29,7 @@ use std::future::Future;
 use futures_util::future::{FutureExt, LocalBoxFuture, Shared};
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::Poll;
+use std::task::{Poll, Waker};
 use std::time::Instant;
 
 use crate::backend::redis::{RedisBackend, RedisOptions, Seen};
@@ -151,9 +151,46 @@ pub struct RedlockBackend {
     server_timeout_ms: u64,
     /// Runs the answers nobody waits for any more (a server that answers after the verdict).
     host: Option<Rc<dyn EventLoop>>,
+    /// Those answers still due, which [`RedlockBackend::drained`] waits for.
+    late: Rc<Late>,
     /// The deadlines of rounds, on the host's thread.
     timer: Option<LocalTimer>,
     gate: Rc<Gate>,
+}
+
+/// The work left to the host after a verdict (answers of slower servers, give-backs): a
+/// release resolves at a majority, but the process that closes the adapter next (a command
+/// line run that then exits) must not cut the rest off, or a minority keeps the key until its
+/// lease ends.
+#[derive(Default)]
+struct Late {
+    running: Cell<usize>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Late {
+    fn run(self: &Rc<Self>, host: &Rc<dyn EventLoop>, work: impl Future<Output = ()> + 'static) {
+        self.running.set(self.running.get() + 1);
+        let late = self.clone();
+        host.spawn(Box::pin(async move {
+            work.await;
+            late.running.set(late.running.get() - 1);
+            if late.running.get() == 0 {
+                late.wakers.take().into_iter().for_each(Waker::wake);
+            }
+        }));
+    }
+
+    async fn drained(&self) {
+        std::future::poll_fn(|cx| {
+            if self.running.get() == 0 {
+                return Poll::Ready(());
+            }
+            self.wakers.borrow_mut().push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
 }
 
 /// The first connection to every server (see [`RedlockBackend::opened`]).
@@ -248,6 +285,7 @@ impl RedlockBackend {
             labels: Rc::new(labels),
             server_timeout_ms: options.server_timeout_ms,
             host: None,
+            late: Rc::default(),
             timer: None,
             gate: Rc::default(),
         })
@@ -352,6 +390,16 @@ impl RedlockBackend {
         self.servers.iter().for_each(RedisBackend::close);
     }
 
+    /// Resolves once the answers still due after earlier verdicts have come or timed out
+    /// (each bounded by its round's deadline): what `close` waits for before it closes.
+    pub fn drained(&self) -> Op<()> {
+        let late = self.late.clone();
+        Op::pending(async move {
+            late.drained().await;
+            Ok(())
+        })
+    }
+
     /// One deadline for a round: on the engine thread's own timer when the host runs one
     /// (registering it is then a map insert, no lock and no wake-up of the timer thread).
     fn deadline(&self, ms: u64) -> Sleep {
@@ -433,7 +481,7 @@ impl RedlockBackend {
             .await;
             let late: Vec<Op<T>> = slots.into_iter().flatten().collect();
             if let (Some(host), false) = (host, late.is_empty()) {
-                host.spawn(Box::pin(settle(late, deadline)));
+                this.late.run(&host, settle(late, deadline));
             }
             Ok(ballot)
         }
@@ -452,7 +500,7 @@ impl RedlockBackend {
         let work = settle(ops, self.deadline(self.server_timeout_ms));
         match &self.host {
             Some(host) => {
-                host.spawn(Box::pin(work));
+                self.late.run(host, work);
                 Op::ready(Ok(()))
             }
             None => Op::pending(async move {
