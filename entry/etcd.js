@@ -1,3 +1,3 @@
 'use strict';
 
-module.exports = require('../lib/etcd.js');
+module.exports = require('../lib/backends/etcd.js');

@@ -1,5 +1,5 @@
 'use strict';
 
-const { InMemoryAdapter } = require('../lib/adapters.js');
+const { InMemoryAdapter } = require('../lib/backends/memory.js');
 
 module.exports = { InMemoryAdapter };

@@ -1,3 +1,3 @@
 'use strict';
 
-module.exports = require('../lib/mongo.js');
+module.exports = require('../lib/backends/mongo.js');

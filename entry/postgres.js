@@ -1,3 +1,3 @@
 'use strict';
 
-module.exports = require('../lib/postgres.js');
+module.exports = require('../lib/backends/postgres.js');

@@ -1,8 +1,7 @@
 'use strict';
 
-const { native, answer, nextOpId, registerClock, jsAdapterId, own, ADAPTER_METHODS, QUEUE_METHODS } = require('./native.js');
+const { native, answer, nextOpId, jsAdapterId, own, ADAPTER_METHODS, QUEUE_METHODS } = require('./native.js');
 const { validation } = require('./errors.js');
-const { refuseUnknown } = require('./options.js');
 
 const NATIVE_ID = Symbol.for('locco-rs.adapterId');
 const [ACQUIRE, RELEASE, EXTEND, IS_HELD, ACQUIRE_FENCED] = [0, 1, 2, 3, 4];
@@ -56,31 +55,6 @@ class NativeAdapter {
 }
 
 /**
- * Locks in this process's memory: for tests, and for one process that wants the Locker's
- * semantics without a server. Waiters are woken in arrival order when a key is released.
- */
-class InMemoryAdapter extends NativeAdapter {
-  /** @param {{ now?: () => number }} [options] */
-  constructor(options = {}) {
-    super();
-    if (options === null || typeof options !== 'object') {
-      throw validation('options', 'must be an object');
-    }
-    refuseUnknown('', options, ['now']);
-    if (options.now !== undefined && typeof options.now !== 'function') {
-      throw validation('now', 'must be a function returning milliseconds');
-    }
-    const clockId = options.now ? registerClock(options.now) : undefined;
-    bindNative(this, native.createMemoryAdapter(clockId));
-  }
-
-  /** Forgets every lock; the fencing counters stay, so tokens keep growing. */
-  clear() {
-    native.memoryClear(this[NATIVE_ID]);
-  }
-}
-
-/**
  * The engine's view of `adapter`: `[id]` for a built-in adapter, `[id, fenced, queued]` for
  * one written in JavaScript (`fenced`: it has acquireFenced; `queued`: the queue methods).
  */
@@ -109,4 +83,4 @@ function adapterRef(adapter) {
   return [jsAdapterId(adapter), typeof adapter.acquireFenced === 'function', queue.length > 0];
 }
 
-module.exports = { NativeAdapter, InMemoryAdapter, adapterRef, bindNative, NATIVE_ID };
+module.exports = { NativeAdapter, adapterRef, bindNative, NATIVE_ID };

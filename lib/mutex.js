@@ -255,13 +255,13 @@ class MutexManager {
     let lines = adapter ? linesOf(linesByAdapter, adapter) : undefined;
     if (options && options.redis) {
       // Loaded here so that a local manager never loads the Redis entry point.
-      const { RedisAdapter } = require('./redis.js');
+      const { RedisAdapter } = require('./backends/redis.js');
       const { url, urls } = options.redis;
       // Several URLs are independent servers coordinated by Redlock (a majority grants); a
       // Cluster goes through `adapter: new RedisAdapter({ urls, cluster: true })`.
       const list = urls === undefined ? undefined : [].concat(urls);
       if (list && list.length > 1) {
-        const { RedlockAdapter } = require('./redlock.js');
+        const { RedlockAdapter } = require('./backends/redlock.js');
         adapter = new RedlockAdapter({ urls: list });
       } else {
         adapter = new RedisAdapter(list ? { url: list[0] } : { url });

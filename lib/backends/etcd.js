@@ -1,10 +1,10 @@
 'use strict';
 
-const { native, answer } = require('./native.js');
-const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
-const { validation } = require('./errors.js');
-const { refuseUnknown } = require('./options.js');
-const { checkParameters, queryNames, URL_PARAMETERS } = require('./url.js');
+const { native, answer } = require('../native.js');
+const { NativeAdapter, NATIVE_ID, bindNative } = require('../adapters.js');
+const { validation } = require('../errors.js');
+const { refuseUnknown } = require('../options.js');
+const { checkParameters, queryNames, URL_PARAMETERS } = require('../url.js');
 
 const ENDPOINT = /^(https?:\/\/)?[^/\s:]+(:\d+)$|^(https?:\/\/)?\[[0-9a-fA-F:.]+\](:\d+)$/;
 

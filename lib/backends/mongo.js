@@ -1,10 +1,10 @@
 'use strict';
 
-const { native, answer } = require('./native.js');
-const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
-const { validation } = require('./errors.js');
-const { refuseUnknown } = require('./options.js');
-const { checkUrl, URL_PARAMETERS } = require('./url.js');
+const { native, answer } = require('../native.js');
+const { NativeAdapter, NATIVE_ID, bindNative } = require('../adapters.js');
+const { validation } = require('../errors.js');
+const { refuseUnknown } = require('../options.js');
+const { checkUrl, URL_PARAMETERS } = require('../url.js');
 
 /**
  * Locks in a MongoDB collection, one document per key. The engine owns the client: pass a URL.

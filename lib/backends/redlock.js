@@ -1,10 +1,10 @@
 'use strict';
 
-const { native, answer, nextOpId } = require('./native.js');
-const { NativeAdapter, NATIVE_ID, bindNative } = require('./adapters.js');
-const { validation } = require('./errors.js');
-const { refuseUnknown, tlsCa } = require('./options.js');
-const { checkUrl, URL_PARAMETERS } = require('./url.js');
+const { native, answer, nextOpId } = require('../native.js');
+const { NativeAdapter, NATIVE_ID, bindNative } = require('../adapters.js');
+const { validation } = require('../errors.js');
+const { refuseUnknown, tlsCa } = require('../options.js');
+const { checkUrl, URL_PARAMETERS } = require('../url.js');
 
 const REDIS_URL = { schemes: ['redis', 'rediss'], parameters: URL_PARAMETERS.redis };
 
