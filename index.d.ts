@@ -93,6 +93,22 @@ export interface HeldKey extends KeyInfo {
   key: string;
 }
 
+/** What `locker.inspectPermits` tells about a counting semaphore. */
+export interface PermitsInfo {
+  limit: number;
+  /** How many of the permits a live lease holds. */
+  held: number;
+  holders: HeldKey[];
+}
+
+/** What `locker.inspectReadWrite` tells about a read-write lock. */
+export interface ReadWriteInfo {
+  maxReaders: number;
+  /** The write key's holder, or null. */
+  writer: HeldKey | null;
+  readers: HeldKey[];
+}
+
 export interface ListOptions {
   /** Only keys starting with this (after the Locker's keyPrefix). Default: every key. */
   prefix?: string;
@@ -425,6 +441,20 @@ export declare class Locker {
    * ```
    */
   list(options?: ListOptions): Promise<HeldKey[]>;
+  /**
+   * Who holds the counting semaphore `key` of `limit` permits: each held permit's key
+   * (`<key>:permit:<i>`) with what inspect tells of it. One inspect per permit.
+   * @example
+   * const { held, limit, holders } = await locker.inspectPermits('exports', { limit: 3 });
+   * console.log(`${held} of ${limit} permits held`, holders.map((h) => h.holder));
+   */
+  inspectPermits(key: string, options: { limit: number }): Promise<PermitsInfo>;
+  /**
+   * Who holds the read-write lock `key`: its writer (holding the write key, alone or waiting
+   * for the readers to leave) and its readers. One inspect per read slot (`maxReaders`,
+   * default 32, as the lock was taken with).
+   */
+  inspectReadWrite(key: string, options?: { maxReaders?: number }): Promise<ReadWriteInfo>;
   /**
    * Deletes whatever lease holds `key`, whoever holds it; true when one was removed. The holder
    * is not told: it learns at its next extend or isHeld and may write until then, so only

@@ -668,8 +668,14 @@ Options:
   --key <key>         show this key only, held or free
   --prefix <prefix>   show the held keys that start with <prefix> (default: all)
   --limit <n>         show at most <n> keys (default 100)
+  --permits <n>       with --key: the key is a semaphore of <n> permits; show how many are
+                      held and each holder
+  --read-write        with --key: the key is a read-write lock; show its writer and readers
+  --max-readers <n>   with --read-write: its maxReaders, if the lock was taken with one
+                      (default 32)
   --json              print JSON: an array of { key, held, ttlLeft?, fence?, holder? }
-                      (ttlLeft in ms), or one such object with --key
+                      (ttlLeft in ms), or one such object with --key; with --permits
+                      { limit, held, holders }, with --read-write { maxReaders, writer, readers }
   -h, --help          this text
 
 ${BACKEND_HELP}
@@ -690,6 +696,9 @@ const INSPECT_OPTIONS = {
   key: { type: 'string' },
   prefix: { type: 'string', default: '' },
   limit: { type: 'string', default: '100' },
+  permits: { type: 'string' },
+  'read-write': { type: 'boolean', default: false },
+  'max-readers': { type: 'string' },
   json: { type: 'boolean', default: false },
   help: { type: 'boolean', short: 'h', default: false },
 };
@@ -776,12 +785,32 @@ async function inspectCommand(args) {
   }
   if (!/^[1-9]\d*$/.test(o.limit)) throw new UsageError(`--limit ${JSON.stringify(o.limit)} is not a whole number >= 1`);
   if (o.key !== undefined && o.prefix !== '') throw new UsageError('give --key or --prefix, not both');
+  const count = (flag) => {
+    const v = o[flag];
+    if (v === undefined) return undefined;
+    if (!/^[1-9]\d*$/.test(v)) throw new UsageError(`--${flag} ${JSON.stringify(v)} is not a whole number >= 1`);
+    return Number(v);
+  };
+  const permits = count('permits');
+  const maxReaders = count('max-readers');
+  const rw = o['read-write'];
+  if ((permits !== undefined || rw) && o.key === undefined) throw new UsageError(`--${rw ? 'read-write' : 'permits'} needs --key`);
+  if (permits !== undefined && rw) throw new UsageError('give --permits or --read-write, not both');
+  if (maxReaders !== undefined && !rw) throw new UsageError('--max-readers goes with --read-write');
   const out = await withLocker(o, async (locker) => {
+    if (permits !== undefined) return { key: o.key, ...(await locker.inspectPermits(o.key, { limit: permits })) };
+    if (rw) return { key: o.key, ...(await locker.inspectReadWrite(o.key, { maxReaders })) };
     if (o.key !== undefined) return { key: o.key, ...(await locker.inspect(o.key)) };
     return locker.list({ prefix: o.prefix, limit: Number(o.limit) });
   });
   if (o.json) process.stdout.write(`${JSON.stringify(out)}\n`);
-  else if (!Array.isArray(out)) {
+  else if (permits !== undefined) {
+    process.stdout.write(`semaphore ${JSON.stringify(o.key)}: ${out.held} of ${out.limit} permits held\n${out.held ? `${table(out.holders)}\n` : ''}`);
+  } else if (rw) {
+    const holders = [...(out.writer ? [out.writer] : []), ...out.readers];
+    const who = `${out.writer ? 'a writer' : 'no writer'}, ${out.readers.length} reader(s)`;
+    process.stdout.write(`read-write lock ${JSON.stringify(o.key)}: ${who}\n${holders.length ? `${table(holders)}\n` : ''}`);
+  } else if (!Array.isArray(out)) {
     process.stdout.write(out.held ? `${table([out])}\n` : `${JSON.stringify(out.key)} is free (no lease holds it)\n`);
   } else if (out.length === 0) {
     process.stdout.write(`no held keys${o.prefix === '' ? '' : ` start with ${JSON.stringify(o.prefix)}`}\n`);

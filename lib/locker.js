@@ -36,6 +36,18 @@ const DEFAULT_LIST_LIMIT = 1000;
 const HOLDER_READ_MS = 250;
 /** Read slots of a read-write lock unless `maxReaders` says otherwise: each is one look per writer. */
 const DEFAULT_MAX_READERS = 32;
+/** The holder label of the engine's looks at a key (slots.rs LOOK_HOLDER). */
+const LOOK_HOLDER = 'locco:look';
+/** The most permits or readers a key has (the engine's MAX_HOLDERS). */
+const MAX_HOLDERS = 1024;
+
+/** A count of slots: a whole number from 1 to MAX_HOLDERS, as the engine checks it. */
+function slotCount(field, value) {
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < 1 || value > MAX_HOLDERS) {
+    throw validation(field, `must be a whole number from 1 to ${MAX_HOLDERS}, got ${value}`);
+  }
+  return value;
+}
 const AUTO_EXTEND_OPTIONS = ['interval', 'maxHold', 'maxEventLoopLag'];
 const BACKOFF_OPTIONS = ['base', 'max', 'factor', 'jitter'];
 
@@ -704,6 +716,48 @@ class Locker {
     } catch (error) {
       return Promise.reject(error);
     }
+  }
+
+  /**
+   * Who holds the counting semaphore `key` of `options.limit` permits:
+   * `{ limit, held, holders }`, each holder its permit's key and what inspect tells of it.
+   * One inspect per permit, a few at a time (the backend keeps no count of its own).
+   */
+  async inspectPermits(key, options) {
+    checkKey(key);
+    if (!isObject(options)) throw validation('options', 'must be an object { limit }');
+    refuseUnknown('', options, ['limit']);
+    if (options.limit === undefined) throw validation('limit', 'is required: how many permits the semaphore has');
+    const limit = slotCount('limit', options.limit);
+    const holders = await this._heldOf(Array.from({ length: limit }, (_, i) => `${key}:permit:${i}`));
+    return { limit, held: holders.length, holders };
+  }
+
+  /**
+   * Who holds the read-write lock `key`: `{ maxReaders, writer, readers }`; `writer` (or null)
+   * holds the write key, alone or waiting for the readers to leave.
+   */
+  async inspectReadWrite(key, options = {}) {
+    checkKey(key);
+    if (!isObject(options)) throw validation('options', 'must be an object { maxReaders? }');
+    refuseUnknown('', options, ['maxReaders']);
+    const maxReaders = slotCount('maxReaders', options.maxReaders ?? DEFAULT_MAX_READERS);
+    const [writer = null] = await this._heldOf([`${key}:write`]);
+    const readers = await this._heldOf(Array.from({ length: maxReaders }, (_, i) => `${key}:read:${i}`));
+    return { maxReaders, writer, readers };
+  }
+
+  /**
+   * The held keys of `keys`, each as `{ key, ...inspect }`, asked 16 at a time. A look (a
+   * reader's instant at the write key, a writer's at a read slot) is no holder.
+   */
+  async _heldOf(keys) {
+    const held = [];
+    for (let i = 0; i < keys.length; i += 16) {
+      const infos = await Promise.all(keys.slice(i, i + 16).map((k) => this.inspect(k)));
+      infos.forEach((info, j) => info.held && info.holder !== LOOK_HOLDER && held.push({ key: keys[i + j], ...info }));
+    }
+    return held;
   }
 
   /**

@@ -219,6 +219,35 @@ for (const backend of HOLDER_BACKENDS) {
       await w.release();
     });
 
+    // Built on inspect, which the JavaScript MapAdapter does not have.
+    it('inspectPermits and inspectReadWrite show who holds a semaphore and a read-write lock', { skip: backend.name === 'JavaScript MapAdapter' }, async () => {
+      const k = key();
+      const l = locker();
+      const permits = [await l.acquirePermit(k, { limit: 3, ttl: 10_000, holder: 'worker-a' }), await l.acquirePermit(k, { limit: 3, ttl: 10_000, holder: 'worker-b' })];
+      const seen = await l.inspectPermits(k, { limit: 3 });
+      assert.equal(seen.limit, 3);
+      assert.equal(seen.held, 2);
+      assert.deepEqual(seen.holders.map((h) => h.key).sort(), permits.map((p) => p.key).sort());
+      assert.deepEqual(seen.holders.map((h) => h.holder).sort(), ['worker-a', 'worker-b']);
+      // (Redlock's servers keep the ttl plus its clock-drift allowance.)
+      for (const h of seen.holders) assert.ok(h.held && (h.ttlLeft === undefined || (h.ttlLeft > 0 && h.ttlLeft <= 10_200)), JSON.stringify(h));
+      await Promise.all(permits.map((p) => p.release()));
+      assert.deepEqual(await l.inspectPermits(k, { limit: 3 }), { limit: 3, held: 0, holders: [] });
+      await assert.rejects(l.inspectPermits(k, {}), (e) => e instanceof ValidationError && e.field === 'limit');
+
+      const reads = [await l.acquireRead(k, { ttl: 10_000, maxReaders: 4 }), await l.acquireRead(k, { ttl: 10_000, maxReaders: 4 })];
+      let rw = await l.inspectReadWrite(k, { maxReaders: 4 });
+      assert.equal(rw.writer, null);
+      assert.deepEqual(rw.readers.map((r) => r.key).sort(), reads.map((r) => r.key).sort());
+      await Promise.all(reads.map((r) => r.release()));
+      const w = await l.acquireWrite(k, { ttl: 10_000, maxReaders: 4, holder: 'the-writer' });
+      rw = await l.inspectReadWrite(k, { maxReaders: 4 });
+      assert.equal(rw.writer?.key, `${k}:write`);
+      assert.deepEqual(rw.readers, []);
+      await w.release();
+      assert.equal((await l.inspectReadWrite(k, { maxReaders: 4 })).writer, null);
+    });
+
     it('bad counts are refused with the field named', async () => {
       const l = locker();
       await assert.rejects(l.acquirePermit('x', { ttl: 1000 }), (e) => e instanceof ValidationError && e.field === 'limit');

@@ -754,7 +754,7 @@ describe('inspect and release', () => {
 
   it('--help of each prints its options and exit codes; mistakes exit 2 before any backend is asked', async () => {
     for (const [command, options] of [
-      ['inspect', ['--url', '--key', '--prefix', '--limit', '--json']],
+      ['inspect', ['--url', '--key', '--prefix', '--limit', '--permits', '--read-write', '--max-readers', '--json']],
       ['release', ['--url', '--key', '--force']],
     ]) {
       const r = await cli([command, '--help']);
@@ -768,12 +768,46 @@ describe('inspect and release', () => {
       [['inspect'], /--url is required/],
       [['inspect', '--url', url, '--limit', '0'], /--limit "0"/],
       [['inspect', '--url', url, '--key', 'a', '--prefix', 'b'], /--key or --prefix, not both/],
+      [['inspect', '--url', url, '--permits', '3'], /--permits needs --key/],
+      [['inspect', '--url', url, '--key', 'a', '--permits', 'x'], /--permits "x"/],
+      [['inspect', '--url', url, '--key', 'a', '--permits', '3', '--read-write'], /not both/],
+      [['inspect', '--url', url, '--key', 'a', '--max-readers', '4'], /--max-readers goes with --read-write/],
       [['release', '--url', url], /--key is required/],
       [['release', '--url', url, '--key', 'k', 'extra'], /extra/],
     ]) {
       const r = await cli(args);
       assert.equal(r.code, 2, shown(r));
       assert.match(r.stderr, message, shown(r));
+    }
+  });
+
+  it('inspect --permits and --read-write show a semaphore and a read-write lock as what they are', async () => {
+    const { Locker } = await import('locco-rs');
+    const { RedisAdapter } = await import('locco-rs/redis');
+    const adapter = new RedisAdapter({ url: redis.url });
+    const locker = new Locker({ adapter });
+    const key = newKey('sem');
+    try {
+      const held = [await locker.acquirePermit(key, { limit: 3, ttl: 30_000, holder: 'export job 1' }), await locker.acquirePermit(key, { limit: 3, ttl: 30_000, holder: 'export job 2' })];
+      let r = await cli(['inspect', '--url', redis.url, '--key', key, '--permits', '3']);
+      assert.equal(r.code, 0, shown(r));
+      assert.match(r.stdout, new RegExp(`^semaphore "${key}": 2 of 3 permits held`), shown(r));
+      assert.match(r.stdout, /export job 1/);
+      assert.match(r.stdout, /export job 2/);
+      r = await cli(['inspect', '--url', redis.url, '--key', key, '--permits', '3', '--json']);
+      const json = JSON.parse(r.stdout);
+      assert.equal(json.held, 2);
+      assert.deepEqual(json.holders.map((h) => h.holder).sort(), ['export job 1', 'export job 2']);
+      await Promise.all(held.map((l) => l.release()));
+      const reader = await locker.acquireRead(`${key}:doc`, { ttl: 30_000, maxReaders: 4, holder: 'reader one' });
+      r = await cli(['inspect', '--url', redis.url, '--key', `${key}:doc`, '--read-write', '--max-readers', '4']);
+      assert.equal(r.code, 0, shown(r));
+      assert.match(r.stdout, /: no writer, 1 reader\(s\)/, shown(r));
+      assert.match(r.stdout, /reader one/, shown(r));
+      await reader.release();
+    } finally {
+      await locker.close();
+      await adapter.close();
     }
   });
 

@@ -36,6 +36,9 @@ pub const MAX_HOLDERS: u32 = 1024;
 /// The lease of a look at a key: it is given back as soon as the answer comes, so this only
 /// bounds how long a look of a process that died in between keeps the key.
 const LOOK_TTL_MS: u32 = 2000;
+/// The holder label of a look, so that `inspect` can tell a look from a holder: a reader's
+/// look at the write key (or a writer's at a read slot) holds it for an instant.
+pub const LOOK_HOLDER: &str = "locco:look";
 /// How many read slots a writer looks at together: a few requests in flight at once, not one
 /// per slot, since a look may need a connection of its own (PostgreSQL's advisory mode).
 const LOOKS_AT_ONCE: usize = 4;
@@ -725,7 +728,7 @@ impl Locker {
     /// Whether `key` is free now: a plain acquire under a token of its own (never fenced: a
     /// look must not move the key's fence), given back at once when it took the key.
     async fn look(&self, key: &str, abort: Option<&Abort>) -> Result<Look> {
-        let token = random_token();
+        let token = labelled(random_token(), Some(LOOK_HOLDER));
         let mut op = GrantOp::Plain(self.core.env.backend.acquire(key, &token, LOOK_TTL_MS));
         let rt = &self.core.env.rt;
         let limit = self.now()? + LOOK_TTL_MS as f64;
