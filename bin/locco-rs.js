@@ -326,7 +326,8 @@ Options:
   --key <key>         the lock's key
   --ttl <duration>    lease length, extended every third of it while the command runs
                       (default 30s; at least 1s)
-  --wait <duration>   how long to wait for a held key; 0 makes one attempt (default 0)
+  --wait <duration>   how long to wait for a held key; 0 makes one attempt (default 0).
+                      While it waits, it says every 5s on stderr whom it waits for
   --fencing           take a fencing token and pass it to the command as LOCCO_FENCE
   --grace <duration>  when the lock is lost, time between SIGTERM and SIGKILL (default 5s)
   --max-hold <duration>
@@ -419,7 +420,8 @@ async function takeLock(locker, settings, stop) {
     } else {
       const { exponentialBackoff } = require('../index.js');
       const delay = exponentialBackoff({ base: 50, max: 1000 });
-      lock = await locker.acquire(key, { ttl, autoExtend, holder, signal: stop, retry: { retries: Infinity, delay, timeout: wait } });
+      const waiting = locker.acquire(key, { ttl, autoExtend, holder, signal: stop, retry: { retries: Infinity, delay, timeout: wait } });
+      lock = await reportWhileWaiting(locker, key, wait, waiting);
     }
   } catch (error) {
     if (stop.aborted && error === stop.reason) throw error;
@@ -427,6 +429,33 @@ async function takeLock(locker, settings, stop) {
   }
   if (lock === null) throw new ExitError(`the lock ${JSON.stringify(key)} is held by another holder`, EXIT.held);
   return lock;
+}
+
+/** How often a waiting run says on stderr whom it waits for. */
+const WAIT_REPORT_MS = 5000;
+
+/**
+ * Resolves as `waiting` does; meanwhile, every few seconds, says on stderr whom the run waits
+ * for (the holder's label and its lease's time left, when the backend can tell) and how long.
+ */
+async function reportWhileWaiting(locker, key, wait, waiting) {
+  const started = Date.now();
+  const report = async () => {
+    let who = '';
+    try {
+      const info = await locker.inspect(key);
+      if (info.held) who = `: held by ${info.holder === undefined ? 'another holder' : JSON.stringify(info.holder)}${info.ttlLeft === undefined ? '' : `, ${formatDuration(info.ttlLeft)} left on its lease`}`;
+    } catch {
+      // Who holds it stays unsaid; the wait goes on.
+    }
+    process.stderr.write(`locco-rs: waiting for ${JSON.stringify(key)}${who} (waited ${formatDuration(Date.now() - started)} of ${formatDuration(wait)})\n`);
+  };
+  const timer = setInterval(() => void report(), WAIT_REPORT_MS);
+  try {
+    return await waiting;
+  } finally {
+    clearInterval(timer);
+  }
 }
 
 /** A library error as the exit code it maps to. */

@@ -233,6 +233,32 @@ describe('run against Redis', () => {
     assert.equal((await first.done).code, 0);
   });
 
+  it('a run that waits says every few seconds on stderr whom it waits for, then runs once the key is free', async () => {
+    const key = newKey('wait-report');
+    const ready = join(dir, `${key}.ready`);
+    const stop = join(dir, `${key}.stop`);
+    const first = start(['run', '--url', redis.url, '--key', key, '--holder', 'nightly import', '--', node, holder, ready, stop, '30000', '0']);
+    try {
+      await waitForFile(ready);
+      const marker = join(dir, `${key}.ran`);
+      const waiting = run(key, ['--wait', '60s'], [node, '-e', `require('fs').writeFileSync(${JSON.stringify(marker)}, '')`]);
+      // The first report comes 5 s into the wait.
+      const end = Date.now() + 20_000;
+      while (!/waiting for/.test(waiting.sofar())) {
+        assert.ok(Date.now() < end, waiting.sofar());
+        await sleep(100);
+      }
+      assert.match(waiting.sofar(), new RegExp(`locco-rs: waiting for "${key}": held by "nightly import", [\\d.]+m?s left on its lease \\(waited [\\d.]+s of 1m\\)`));
+      writeFileSync(stop, '');
+      const r = await waiting.done;
+      assert.equal(r.code, 0, shown(r));
+      assert.equal(existsSync(marker), true, 'the command never ran');
+    } finally {
+      writeFileSync(stop, '');
+    }
+    assert.equal((await first.done).code, 0);
+  });
+
   it('exits 127 when the command does not exist, and releases the lock', async () => {
     const key = newKey('missing');
     const r = await run(key, [], [join(dir, 'no-such-command')]).done;
