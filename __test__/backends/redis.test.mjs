@@ -294,7 +294,9 @@ describe('RedisAdapter faults', () => {
   it('a server out of memory (noeviction) refuses new grants with a BackendError; held locks renew and release', async () => {
     const locker = new Locker({ adapter: new RedisAdapter({ url: redis.url }), retry: { retries: 2, delay: 20 } });
     const fenced = new Locker({ adapter: new RedisAdapter({ url: redis.url }), fencing: true, retry: { retries: 0 } });
-    const held = await locker.acquire('oom:held', { ttl: 600, autoExtend: { maxHold: 60_000 } });
+    // A lease long enough that the synchronous redis.cli() calls below (a child process each;
+    // about a second apiece under Wine) never hold the event loop past an extension's due time.
+    const held = await locker.acquire('oom:held', { ttl: 4000, autoExtend: { maxHold: 60_000 } });
     redis.cli('CONFIG', 'SET', 'maxmemory', '1');
     try {
       for (const [who, key] of [[locker, 'oom:new'], [fenced, 'oom:fenced']]) {
@@ -307,7 +309,7 @@ describe('RedisAdapter faults', () => {
         assert.equal(redis.cli('EXISTS', key, `{${key}}:locco-fence`), '0', key);
       }
       // PEXPIREAT and DEL are allowed when memory is full: nothing held is lost for it.
-      await sleep(1500);
+      await sleep(4500);
       assert.equal(held.state, 'held', held.lostReason);
       assert.equal(await held.release(), true);
     } finally {
