@@ -57,7 +57,9 @@ function lockMetrics(options = {}) {
     advice: { explicitBucketBoundaries: HOLD_BUCKETS },
   });
   const lost = meter.createCounter('locco.lock.lost', { description: 'Leases lost while held, by reason' });
-  const failed = meter.createCounter('locco.backend.errors', { description: 'Extensions or releases of a held lock that the backend failed' });
+  const failed = meter.createCounter('locco.backend.errors', {
+    description: 'Extensions or releases of a held lock, and attempts of an acquisition that rides them out, that the backend failed',
+  });
   return (event) => {
     const attributes = { 'locco.key.group': String(group(event.key)) };
     switch (event.type) {
@@ -80,6 +82,9 @@ function lockMetrics(options = {}) {
         break;
       case 'releaseFailed':
         failed.add(1, { ...attributes, 'locco.operation': 'release' });
+        break;
+      case 'backendRetry':
+        failed.add(1, { ...attributes, 'locco.operation': 'acquire' });
         break;
       default:
         break; // 'extended': a renewal that worked; counting them says little

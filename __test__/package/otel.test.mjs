@@ -110,6 +110,17 @@ describe("lockMetrics() on @opentelemetry/api's global meter", () => {
     await flaky.close();
   });
 
+  it("counts an acquisition's attempt that failed on the backend and was retried (retry.onBackendError)", () => {
+    const record = lockMetrics();
+    const before = sum(points(provider, 'locco.backend.errors', { 'locco.operation': 'acquire' }));
+    record({ type: 'backendRetry', key: 'orders:9', ttl: 1000, attempt: 1, elapsedMs: 3, error: new Error('connection refused') });
+    assert.deepEqual(
+      points(provider, 'locco.backend.errors', { 'locco.operation': 'acquire' }).map((p) => p.attributes),
+      [{ 'locco.key.group': 'orders', 'locco.operation': 'acquire' }],
+    );
+    assert.equal(sum(points(provider, 'locco.backend.errors', { 'locco.operation': 'acquire' })), before + 1);
+  });
+
   it('declares seconds and bucket advice for the duration histograms', () => {
     lockMetrics();
     for (const name of ['locco.lock.wait.duration', 'locco.lock.hold.duration']) {
