@@ -12,6 +12,13 @@
 //! ended; a process may crash, or pause and resume; the server may restart without
 //! persistence. [`Protocol`] is a `stateright` model; the server's half, [`Server::run`], is
 //! also what the conformance test replays as real script calls.
+//!
+//! What keeps the state space small without losing what the server can tell apart: timers
+//! that are due run at the tick; before `quiet_from`, faults, starts and releases come at a
+//! tick's start (later in the tick is the same to the server, whose messages may be delayed
+//! anyway); identical pushes in flight merge (a push only sets a flag); fences are checked
+//! where they are made and not carried in answers; from `quiet_from` on the run is one fair
+//! schedule, in which holders keep the key until their lease ends.
 
 use std::fmt;
 
@@ -90,7 +97,7 @@ pub struct Protocol {
 
 impl Protocol {
     /// 3 processes with one waiter each on one key, and one crash, one lost message, one
-    /// server restart and one pause before `quiet_from`.
+    /// server restart, one pause and one waiter giving up before `quiet_from`.
     pub fn standard() -> Self {
         Protocol {
             process_of: vec![0, 1, 2],
@@ -567,7 +574,7 @@ pub enum Action {
     GiveUp(u8),
     /// The local lease of `w` ended: the lock reads lost.
     Lost(u8),
-    /// Message `net[i]` arrives.
+    /// A message in flight arrives.
     Deliver(Msg),
     Lose(Msg),
     Crash(u8),
