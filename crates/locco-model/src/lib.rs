@@ -38,14 +38,18 @@ pub enum Mutation {
     HandOffIgnoresDeadline,
     /// A local lease that does not end early: a slow clock then outlives the server's lease.
     NoMargin,
+    /// Fences from the counter alone, without the server's time: a restart that loses the
+    /// counter starts them again.
+    FenceWithoutTime,
 }
 
-pub const MUTATIONS: [Mutation; 5] = [
+pub const MUTATIONS: [Mutation; 6] = [
     Mutation::ReleaseIgnoresToken,
     Mutation::LeaseFromPush,
     Mutation::LeaseFromAnswer,
     Mutation::HandOffIgnoresDeadline,
     Mutation::NoMargin,
+    Mutation::FenceWithoutTime,
 ];
 
 /// How many faults of each kind a run may have, all before `quiet_from`.
@@ -337,8 +341,11 @@ impl Server {
     }
 
     /// The fencing token of a grant: at least the server's time, above the counter.
-    fn grant(&mut self, key: usize, now: u8) -> u32 {
-        let time = now as u32 * 64 + self.grants_this_tick as u32 + 1;
+    fn grant(&mut self, key: usize, now: u8, m: Option<Mutation>) -> u32 {
+        let time = match m {
+            Some(Mutation::FenceWithoutTime) => 1,
+            _ => now as u32 * 64 + self.grants_this_tick as u32 + 1,
+        };
         self.grants_this_tick += 1;
         let k = &mut self.keys[key];
         let fence = match k.fence {
@@ -369,7 +376,7 @@ impl Server {
                     e.freed_by = k.lapsed;
                     e.in_window = k.window;
                     k.set(Some((Val::Held { tok, waited: false }, now + p.ttl)));
-                    e.granted = Some(self.grant(key as usize, now));
+                    e.granted = Some(self.grant(key as usize, now, m));
                 }
             }
             Call::Acquire { key, tok } => {
@@ -394,7 +401,7 @@ impl Server {
                         waited = !k.queue.is_empty();
                     }
                     k.set(Some((Val::Held { tok, waited }, now + p.ttl)));
-                    e.granted = Some(self.grant(ki, now));
+                    e.granted = Some(self.grant(ki, now, m));
                     return e;
                 }
                 if free {

@@ -83,6 +83,7 @@ fn every_broken_rule_is_found() {
         );
         let expected = match m {
             Mutation::HandOffIgnoresDeadline => "every live waiter is granted",
+            Mutation::FenceWithoutTime => "fences grow",
             _ => "held means the server has it",
         };
         assert!(

@@ -616,9 +616,10 @@ fn random_walks_match_a_real_redis() {
     assert!(total > 3000, "{total} steps");
 }
 
-/// The counterexamples the checker finds for rules broken on the holder's side replay as
-/// they are (the server's part is the real one); those broken in the scripts do not: the
-/// replay tells the model's scripts from the real ones.
+/// The counterexamples the checker finds for rules broken on the holder's side (or in the
+/// fence, which the replay does not compare: the real one is the server's time) replay as they
+/// are, the server's part being the real one; those broken in what the scripts store do not:
+/// the replay tells the model's scripts from the real ones.
 #[test]
 fn counterexamples_replay_on_a_real_redis() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
