@@ -4,7 +4,7 @@ use std::rc::Rc;
 
 use locco_core::redis::RedisOptions;
 use locco_core::redlock::{RedlockBackend, RedlockOptions};
-use locco_core::{Error, LocalWakeups};
+use locco_core::LocalWakeups;
 use napi_derive::napi;
 
 use crate::backends::{at_least_one, backend_of};
@@ -52,7 +52,7 @@ pub fn create_redlock_adapter(spec: RedlockSpec) -> Raw {
         }));
         #[cfg(unix)]
         let event_loop = crate::sys::uv_loop::UvLoop::current()
-            .map_err(|e| Error::Internal(format!("the Redlock adapter: {e}")))?;
+            .map_err(|e| locco_core::Error::Internal(format!("the Redlock adapter: {e}")))?;
         #[cfg(unix)]
         backend.on_event_loop(Rc::new(event_loop));
         Ok(register(Adapter::Redlock(Rc::new(LocalWakeups::new(

@@ -3,6 +3,7 @@
 
 #[cfg(target_os = "linux")]
 pub mod alloc;
+#[cfg(unix)]
 pub mod busy_poll;
 #[cfg(unix)]
 pub mod uv_loop;

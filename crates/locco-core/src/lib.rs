@@ -72,7 +72,9 @@ pub use rt::clock::{
     fresh_reading, lease_end, monotonic_ms, monotonic_reading, one_reading, Clock, LeaseClock,
     MonotonicClock, SystemSource, TimeSource, CLOCK_DRIFT_FACTOR,
 };
-pub use rt::error::{BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result, Wanted};
+pub use rt::error::{
+    BackendErrorKind, Error, ForeignError, HeldReason, LostReason, Result, Wanted,
+};
 pub use rt::event_loop::{EventLoop, LoopActivity, SocketWatch, LOOP_ACTIVITY};
 pub use rt::ids::{random_token, IdHasher, IdMap};
 pub use rt::runtime::{Abort, Runtime};

@@ -704,7 +704,10 @@ fn on_backend_error_retry_rides_out_a_failure_within_the_budget() {
     h.run_to(1350.0);
     h.backend.fail.set(false);
     h.run_to(1500.0);
-    let lock = h.pool.run_until(task).expect("taken once the backend answered");
+    let lock = h
+        .pool
+        .run_until(task)
+        .expect("taken once the backend answered");
     assert_eq!(lock.state(), LockState::Held);
     let retried = h.events().iter().filter(|e| *e == "backendRetry").count();
     assert!((3..=5).contains(&retried), "{:?}", h.events());

@@ -58,6 +58,7 @@ pub(super) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
     /// A connection on the engine's thread (see `event_loop_link`).
+    #[cfg_attr(not(unix), allow(dead_code))]
     Local(loop_conn::LoopConn),
     /// A connection of its own to one node (the doctor's, node by node).
     Node(MultiplexedConnection),

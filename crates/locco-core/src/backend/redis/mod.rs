@@ -5,6 +5,7 @@
 //! connections and their I/O live on a small Tokio runtime of this crate's own; the engine
 //! waits for answers on its thread through one-shot channels.
 
+#[cfg(unix)]
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 

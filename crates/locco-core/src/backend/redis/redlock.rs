@@ -36,6 +36,7 @@ use crate::backend::redis::{RedisBackend, RedisOptions, Seen};
 use crate::contract::{Backend, GivenUp, KeyInfo, Op};
 use crate::rt::error::{BackendErrorKind, Error, Result};
 use crate::rt::event_loop::EventLoop;
+#[cfg(unix)]
 use crate::rt::task::{LocalFuture, Spawn};
 use crate::rt::timer::{LocalTimer, Sleep, ThreadTimer, Timer};
 
@@ -229,8 +230,10 @@ async fn settle<T>(ops: Vec<Op<T>>, mut deadline: Sleep) {
 }
 
 /// The host's event loop as the engine's spawner (for the thread-local timer).
+#[cfg(unix)]
 struct HostSpawn(Rc<dyn EventLoop>);
 
+#[cfg(unix)]
 impl Spawn for HostSpawn {
     fn spawn(&self, task: LocalFuture<()>) {
         self.0.spawn(task);

@@ -283,7 +283,7 @@ async fn holding(place: tokio::sync::OwnedSemaphorePermit, task: impl std::futur
 }
 
 /// Sleeps on the I/O thread's timer; for a bound on something that runs elsewhere.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[cfg_attr(any(not(feature = "redis"), not(unix)), allow(dead_code))]
 pub(crate) fn sleep(d: std::time::Duration) -> Op<()> {
     run("timer", move |_| async move {
         tokio::time::sleep(d).await;
