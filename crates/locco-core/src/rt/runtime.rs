@@ -199,11 +199,7 @@ mod tests {
     fn a_wait_polled_many_times_keeps_one_waker() {
         let abort = Abort::new();
         let mut wait = pin!(abort.aborted());
-        struct Task;
-        impl std::task::Wake for Task {
-            fn wake(self: std::sync::Arc<Self>) {}
-        }
-        let waker = Waker::from(std::sync::Arc::new(Task));
+        let waker = noop_waker();
         let mut cx = Context::from_waker(&waker);
         for _ in 0..1000 {
             assert!(wait.as_mut().poll(&mut cx).is_pending());
@@ -213,6 +209,14 @@ mod tests {
         assert!(wait.as_mut().poll(&mut cx).is_ready());
     }
 
+    fn noop_waker() -> Waker {
+        struct Task;
+        impl std::task::Wake for Task {
+            fn wake(self: std::sync::Arc<Self>) {}
+        }
+        Waker::from(std::sync::Arc::new(Task))
+    }
+
     fn waiting(abort: &Abort) -> usize {
         abort.0.wakers.borrow().slots.iter().flatten().count()
     }
@@ -220,11 +224,7 @@ mod tests {
     #[test]
     fn a_wait_that_ends_gives_its_waker_back() {
         let abort = Abort::new();
-        struct Task;
-        impl std::task::Wake for Task {
-            fn wake(self: std::sync::Arc<Self>) {}
-        }
-        let waker = Waker::from(std::sync::Arc::new(Task));
+        let waker = noop_waker();
         let mut cx = Context::from_waker(&waker);
         // A long-lived abort watched by many waits in turn keeps one slot, not one per wait.
         for _ in 0..1000 {
