@@ -812,14 +812,15 @@ async function inspectCommand(args) {
     process.stdout.write(`${INSPECT_USAGE}\n`);
     return 0;
   }
-  if (!/^[1-9]\d*$/.test(o.limit)) throw new UsageError(`--limit ${JSON.stringify(o.limit)} is not a whole number >= 1`);
-  if (o.key !== undefined && o.prefix !== '') throw new UsageError('give --key or --prefix, not both');
+  // A count flag's value, or undefined when it is not given.
   const count = (flag) => {
     const v = o[flag];
     if (v === undefined) return undefined;
     if (!/^[1-9]\d*$/.test(v)) throw new UsageError(`--${flag} ${JSON.stringify(v)} is not a whole number >= 1`);
     return Number(v);
   };
+  const limit = count('limit');
+  if (o.key !== undefined && o.prefix !== '') throw new UsageError('give --key or --prefix, not both');
   const permits = count('permits');
   const maxReaders = count('max-readers');
   const rw = o['read-write'];
@@ -830,7 +831,7 @@ async function inspectCommand(args) {
     if (permits !== undefined) return { key: o.key, ...(await locker.inspectPermits(o.key, { limit: permits })) };
     if (rw) return { key: o.key, ...(await locker.inspectReadWrite(o.key, { maxReaders })) };
     if (o.key !== undefined) return { key: o.key, ...(await locker.inspect(o.key)) };
-    return locker.list({ prefix: o.prefix, limit: Number(o.limit) });
+    return locker.list({ prefix: o.prefix, limit });
   });
   if (o.json) process.stdout.write(`${JSON.stringify(out)}\n`);
   else if (permits !== undefined) {
